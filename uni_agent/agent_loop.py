@@ -1,0 +1,199 @@
+"""The agent loop: one rollout from sandbox start to patch. Reads top to bottom.
+
+start sandbox (retried) → post-setup → turns: ask the model → parse tool calls → run them → observations …
+until `submit`, max_turns, the context limit, the timeout budget, or an error → patch = git diff → close sandbox.
+Verification is not done here: it runs afterwards as a Dask future in a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from .config import AgentConfig
+from .llm import ChatClient, ContextLimitError, LLMError
+from .redact import redact
+from .rollout import RolloutResult, RolloutSpec
+from .sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox
+from .tool_parsing import ToolCall, ToolCallFormatError, parse_structured, parse_text, tool_format_instructions
+from .tools import Toolbox
+
+log = structlog.get_logger("uni_agent.agent")
+
+NO_TOOL_CALL_HINT = (
+    "Your reply contained no tool call. Every reply must call exactly one of the tools "
+    "(use `submit` when you are done)."
+)
+
+
+class EpisodeEnd(Exception):
+    """Ends the episode; the subclass name is not used, `exit_reason` is."""
+
+    def __init__(self, exit_reason: str, message: str = ""):
+        super().__init__(message or exit_reason)
+        self.exit_reason = exit_reason
+
+
+async def start_sandbox(agent: AgentConfig, name: str) -> Sandbox:
+    """Start a sandbox, retrying transient start failures; a half-started sandbox is always closed."""
+    deployment = agent.env.deployment
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type((SandboxStartError, OSError)),
+        stop=stop_after_attempt(deployment.start_retries),
+        wait=wait_exponential_jitter(initial=0.5, max=10),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            sandbox = make_sandbox(deployment, agent.env.env_variables, name=name)
+            try:
+                await sandbox.start()
+            except BaseException:
+                await sandbox.close()
+                raise
+            return sandbox
+    raise AssertionError("unreachable")
+
+
+async def workspace_patch(sandbox: Sandbox, timeout: float = 120) -> str:
+    """Everything the agent changed in the workspace, as a git diff against the base snapshot."""
+    result = await sandbox.exec(
+        f"cd {sandbox.workdir} && git add -A && git diff --cached --binary HEAD", timeout, merge_stderr=False
+    )
+    if result.exit_code != 0:
+        raise SandboxError(f"git diff failed: {result.stderr.decode('utf-8', 'replace')[-500:]}")
+    return result.stdout.decode("utf-8", errors="replace")
+
+
+class UniAgentLoop:
+    def __init__(self, agent: AgentConfig, llm: ChatClient):
+        self.agent = agent
+        self.llm = llm
+
+    async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
+        agent = self.agent
+        result = RolloutResult(
+            run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout, data_source=spec.data_source,
+            agent_name=agent.name, exit_reason="error", worker=worker, started_at=time.time(),
+        )
+        bound = log.bind(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout)
+        messages = self._initial_messages(spec.prompt)
+        sandbox: Sandbox | None = None
+        started = time.monotonic()
+        try:
+            t0 = time.monotonic()
+            sandbox = await start_sandbox(agent, name=f"{spec.instance_id}-r{spec.rollout}")
+            result.sandbox_start_s = time.monotonic() - t0
+            bound.info("sandbox_started", seconds=round(result.sandbox_start_s, 3))
+            if agent.env.post_setup_cmd:
+                setup = await sandbox.exec(agent.env.post_setup_cmd, agent.env.deployment.runtime_timeout)
+                if setup.exit_code != 0:
+                    raise SandboxError(f"post_setup_cmd failed (exit {setup.exit_code}): {setup.output[-1000:]}")
+            toolbox = Toolbox([t.name for t in agent.tools], sandbox, agent.interaction)
+            result.exit_reason = await self._interact(messages, toolbox, result, started, bound)
+        except EpisodeEnd as end:
+            result.exit_reason, result.error = end.exit_reason, str(end)
+        except ContextLimitError as exc:
+            result.exit_reason, result.error = "context_limit", str(exc)
+        except (LLMError, SandboxError, OSError) as exc:
+            result.exit_reason, result.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if sandbox is not None:
+                await self._collect_patch_and_close(sandbox, result)
+        result.messages = redact(json.dumps(messages, ensure_ascii=False))
+        result.masked = agent.mask_abnormal_exit_traj and result.exit_reason != "submitted"
+        result.total_s = time.monotonic() - started
+        result.finished_at = time.time()
+        bound.info("rollout_finished", exit_reason=result.exit_reason, turns=result.num_turns, error=result.error)
+        return result
+
+    @staticmethod
+    async def _collect_patch_and_close(sandbox: Sandbox, result: RolloutResult) -> None:
+        # Whatever ended the episode, the work done so far is kept: a max_turns or timeout rollout is still graded.
+        try:
+            result.patch = await workspace_patch(sandbox)
+        except (SandboxError, OSError) as exc:
+            if result.error is None:
+                result.exit_reason, result.error = "error", f"could not collect the patch: {exc}"
+        finally:
+            await sandbox.close()
+
+    def _initial_messages(self, prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        messages = [dict(m) for m in prompt]
+        if self.agent.system_prompt is not None:
+            messages = [m for m in messages if m.get("role") != "system"]
+            messages.insert(0, {"role": "system", "content": self.agent.system_prompt})
+        return messages
+
+    async def _interact(self, messages, toolbox: Toolbox, result: RolloutResult, started: float, bound) -> str:
+        interaction = self.agent.interaction
+        schemas = toolbox.schemas
+        if interaction.tools_in == "prompt":
+            instructions = tool_format_instructions(schemas, interaction.tool_parser)
+            if messages and messages[0].get("role") == "system":
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{instructions}"}
+            else:
+                messages.insert(0, {"role": "system", "content": instructions})
+        api_tools = schemas if interaction.tools_in == "api" else None
+        timeouts_left = interaction.timeout_budget
+        for turn in range(1, interaction.max_turns + 1):
+            if interaction.episode_timeout and time.monotonic() - started > interaction.episode_timeout:
+                raise EpisodeEnd("timeout_budget", f"episode ran past its {interaction.episode_timeout:g} s budget")
+            result.num_turns = turn
+            reply = await self.llm.chat(messages, api_tools)
+            result.llm_s += reply.latency_s
+            result.prompt_tokens += reply.prompt_tokens
+            result.completion_tokens += reply.completion_tokens
+            assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
+            if reply.tool_calls:
+                assistant["tool_calls"] = reply.tool_calls
+            messages.append(assistant)
+            calls, structured = self._parse(reply, schemas, messages)
+            if calls is None:
+                continue
+            for call in calls:
+                outcome = await toolbox.run(call)
+                result.tools_s += outcome.duration_s
+                self._observe(messages, call, outcome.observation, structured)
+                bound.debug("tool_call", turn=turn, tool=call.name, status=outcome.status)
+                if outcome.submitted:
+                    return "submitted"
+                if outcome.status == "timeout":
+                    timeouts_left -= 1
+                    if timeouts_left < 0:
+                        raise EpisodeEnd("timeout_budget", f"more than {interaction.timeout_budget} command timeouts")
+        return "max_turns"
+
+    def _parse(self, reply, schemas, messages) -> tuple[list[ToolCall] | None, bool]:
+        """The reply's tool calls, or None after appending an error observation the model can act on."""
+        try:
+            if reply.tool_calls:
+                return parse_structured(reply.tool_calls, schemas), True
+            parsed = parse_text(reply.content, schemas, self.agent.interaction.tool_parser)
+        except ToolCallFormatError as exc:
+            self._error_observation(messages, reply, f"Error in your tool call: {exc}")
+            return None, bool(reply.tool_calls)
+        if not parsed.calls:
+            messages.append({"role": "user", "content": NO_TOOL_CALL_HINT})
+            return None, False
+        return parsed.calls, False
+
+    @staticmethod
+    def _error_observation(messages, reply, text: str) -> None:
+        # Structured calls need one tool message per call id to keep the conversation well-formed.
+        ids = [c.get("id") for c in reply.tool_calls if isinstance(c, dict) and c.get("id")]
+        if ids:
+            messages.extend({"role": "tool", "tool_call_id": i, "content": text} for i in ids)
+        else:
+            messages.append({"role": "user", "content": text})
+
+    @staticmethod
+    def _observe(messages, call: ToolCall, observation: str, structured: bool) -> None:
+        if structured:
+            messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": observation})
+        else:
+            messages.append({"role": "user", "content": f"Observation from `{call.name}`:\n{observation}"})

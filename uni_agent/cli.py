@@ -1,0 +1,112 @@
+"""The `uni-agent` command: run rollouts, verify gold/empty patches, convert tasks to Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError
+
+RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--data-path", {"help": "Parquet rows in the seed schema (default: the bundled tasks)"}),
+    ("--agent-config-path", {"help": "agent config YAML"}),
+    ("--output-dir", {"help": "results, summary.json and logs go here; rerunning resumes"}),
+    ("--model-path", {"help": "GGUF file (llama_cpp) or model path (vllm)"}),
+    ("--model", {"dest": "model_name", "help": "served model name (external: which model to call)"}),
+    ("--engine", {"choices": ["llama_cpp", "external", "vllm"]}),
+    ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
+    ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
+    ("--scheduler-address", {"help": "tcp://host:8786 of a running dask scheduler"}),
+    ("--scheduler-file", {"help": "scheduler file of a running dask scheduler"}),
+    ("--num-workers", {"type": int, "help": "agent-worker actors"}),
+    ("--n-workers", {"type": int, "help": "LocalCluster worker processes"}),
+    ("--max-turns", {"type": int}),
+    ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
+    ("--n", {"type": int, "help": "rollouts per task"}),
+    ("--temperature", {"type": float}),
+    ("--top-p", {"type": float}),
+    ("--max-tokens", {"type": int}),
+    ("--context-length", {"type": int}),
+    ("--engine-replicas", {"type": int}),
+    ("--nnodes", {"type": int}),
+    ("--n-gpus-per-node", {"type": int}),
+    ("--tp", {"type": int, "help": "tensor parallel size (vllm)"}),
+]
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    for flag, kwargs in RUN_FLAGS:
+        parser.add_argument(flag, default=None, **kwargs)
+    parser.add_argument("--no-verify", dest="verify", action="store_const", const=False, default=None)
+    parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
+
+
+def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func")):
+    """CLI flags override environment and settings file; only flags actually given are passed."""
+    from .settings import RunSettings
+
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in skip}
+    return RunSettings(**given)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run
+
+    outcome = run(settings=settings_from(args))
+    print(json.dumps(outcome.summary, indent=2))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify_run import verify_all
+
+    outcome = verify_all(settings=settings_from(args), patch=args.patch)
+    print(json.dumps(outcome.summary, indent=2))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .tasks.swe_form import convert
+
+    count = convert(Path(args.tasks_dir) if args.tasks_dir else None, Path(args.out), args.agent_name)
+    print(f"wrote {count} rows to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="uni-agent", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="run agent rollouts and verify them")
+    add_run_flags(run_parser)
+    run_parser.set_defaults(func=cmd_run)
+    verify_parser = sub.add_parser("verify", help="grade each task's gold (or an empty) patch")
+    add_run_flags(verify_parser)
+    verify_parser.add_argument("--patch", choices=["gold", "empty"], default="gold")
+    verify_parser.set_defaults(func=cmd_verify)
+    convert_parser = sub.add_parser("convert-tasks", help="tasks in SWE-bench instance form → Parquet rows")
+    convert_parser.add_argument("--tasks-dir", help="directory of task dirs (default: the bundled tasks)")
+    convert_parser.add_argument("--out", required=True)
+    convert_parser.add_argument("--agent-name", default="swe_agent")
+    convert_parser.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from .redact import redact
+
+        print(f"error: {redact(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The agent config YAML (a list of agents in the seed's shape), validated with pydantic.
+
+Every model forbids unknown keys, so a typo is an error naming the file and the field instead of a silently ignored
+setting. A dataset row's `extra_info.tools_kwargs` is deep-merged over the agent's YAML entry (the row wins) and the
+merged dict is validated again, so a bad row is reported with its index.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+TOOL_NAMES = ("str_replace_editor", "execute_bash", "submit")
+
+
+class ConfigError(ValueError):
+    """A config file or row is invalid. The message names the file or row and the field."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploymentBase(StrictModel):
+    startup_timeout: float = 600
+    """Seconds allowed for the sandbox to start (per attempt)."""
+    runtime_timeout: float = 300
+    """Upper bound on any single command in the sandbox."""
+    deployment_timeout: float = 3600
+    """Lifetime of the sandbox; the rollout is ended when it is reached."""
+    proxy: str | None = None
+    """Proxy for reaching a remote sandbox provider (unused by local sandboxes)."""
+    image: str | None = None
+    """Container image. Local sandboxes have no image: they run on the host's root filesystem, read-only."""
+    start_retries: int = 3
+    """Attempts at starting a sandbox before the rollout fails (transient errors only)."""
+
+
+class LocalDeploymentConfig(DeploymentBase):
+    """A bubblewrap sandbox on this machine: host filesystem read-only, the task repo copy-on-write at `workdir`."""
+
+    type: Literal["local"] = "local"
+    repo: str | None = None
+    """The task repository: a directory, or `bundled:<instance_id>` for a bundled task."""
+    workdir: str = "/testbed"
+    network: bool = False
+    workspace: Literal["auto", "overlay", "copy"] = "auto"
+    """overlay: copy-on-write through overlayfs (needs root); copy: a full copy; auto: overlay when possible."""
+    max_memory_mb: int | None = 4096
+    """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
+
+
+# One entry per backend; the container and Modal backends join this union in their own modules' issues.
+DeploymentConfig = Annotated[LocalDeploymentConfig, Field(discriminator="type")]
+
+
+class EnvConfig(StrictModel):
+    deployment: DeploymentConfig = Field(default_factory=LocalDeploymentConfig)
+    env_variables: dict[str, str] = Field(default_factory=dict)
+    post_setup_cmd: str = ""
+    """Run once in the sandbox after it starts (e.g. install a package); a failure fails the rollout."""
+
+
+class InteractionConfig(StrictModel):
+    action_timeout: float = 60
+    """Seconds a single tool command may run before it is killed."""
+    max_turns: int = Field(default=50, ge=1)
+    timeout_budget: int = Field(default=3, ge=0)
+    """How many command timeouts a rollout may take; one more ends it with exit reason `timeout_budget`."""
+    episode_timeout: float | None = None
+    """Wall-clock seconds for the whole episode; when exceeded the rollout ends with `timeout_budget`."""
+    max_observation_chars: int = 16000
+    tool_parser: Literal["qwen3_coder", "hermes"] = "hermes"
+    """Format used to read tool calls written as text (structured `tool_calls` are always accepted)."""
+    tools_in: Literal["api", "prompt"] = "api"
+    """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
+    template ignores tools)."""
+
+
+class ToolSpec(StrictModel):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known_tool(cls, name: str) -> str:
+        if name not in TOOL_NAMES:
+            raise ValueError(f"unknown tool {name!r}; available tools: {', '.join(TOOL_NAMES)}")
+        return name
+
+
+class RewardConfig(StrictModel):
+    name: str | None = None
+    """The grader: `swe_local` (bundled and user tasks in SWE-bench form)."""
+    eval_timeout: float = 600
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentConfig(StrictModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str
+    target: str = Field(default="uni_agent.agent_loop.UniAgentLoop", alias="_target_")
+    concurrency: int = Field(default=64, ge=1)
+    """In-flight rollouts for this agent, across all agent workers."""
+    log_dir: str | None = None
+    mask_abnormal_exit_traj: bool = False
+    interaction: InteractionConfig = Field(default_factory=InteractionConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    tools: list[ToolSpec] = Field(default_factory=lambda: [ToolSpec(name=n) for n in TOOL_NAMES])
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    system_prompt: str | None = None
+    """Replaces the system message of each row's prompt when set."""
+
+    @field_validator("target")
+    @classmethod
+    def _importable(cls, target: str) -> str:
+        module_name, _, attr = target.rpartition(".")
+        try:
+            getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ValueError(f"cannot import {target!r}: {exc}") from None
+        return target
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Dicts merge recursively; lists and scalars in `override` replace those in `base`. Inputs are not modified."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def format_validation_error(exc: ValidationError, where: str) -> str:
+    lines = [f"{where}: invalid agent config"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+class AgentConfigs:
+    """The agents of one YAML file: raw dicts (for merging rows over them) and their validated form."""
+
+    def __init__(self, raw: dict[str, dict[str, Any]], source: str):
+        self.raw = raw
+        self.source = source
+        self.validated = {name: validate_agent(entry, f"{source} (agent {name!r})") for name, entry in raw.items()}
+
+    @classmethod
+    def load(cls, path: str | Path) -> AgentConfigs:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: agent config file not found") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if isinstance(data, dict):
+            data = [data]
+        if not isinstance(data, list) or not data:
+            raise ConfigError(f"{path}: expected a list of agents, each with a `name`")
+        raw: dict[str, dict[str, Any]] = {}
+        for index, entry in enumerate(data):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise ConfigError(f"{path}: agent #{index} is not a mapping with a string `name`")
+            if entry["name"] in raw:
+                raise ConfigError(f"{path}: agent name {entry['name']!r} appears twice")
+            raw[entry["name"]] = entry
+        return cls(raw, str(path))
+
+    def names(self) -> list[str]:
+        return list(self.raw)
+
+    def for_row(self, agent_name: str, tools_kwargs: dict[str, Any] | None, where: str) -> AgentConfig:
+        """The agent's config with the row's tools_kwargs merged over it (the row wins)."""
+        if agent_name not in self.raw:
+            raise ConfigError(f"{where}: unknown agent_name {agent_name!r}; {self.source} defines {self.names()}")
+        if not tools_kwargs:
+            return self.validated[agent_name]
+        if "model" in tools_kwargs:
+            raise ConfigError(f"{where}: tools_kwargs.model is reserved (the model comes from the run settings)")
+        return validate_agent(deep_merge(self.raw[agent_name], tools_kwargs), where)
+
+    def override_all(self, overrides: dict[str, Any]) -> AgentConfigs:
+        """A copy with `overrides` merged into every agent (used by CLI flags such as --max-turns)."""
+        return AgentConfigs({n: deep_merge(e, overrides) for n, e in self.raw.items()}, self.source)
+
+
+def validate_agent(entry: dict[str, Any], where: str) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(entry)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, where)) from None

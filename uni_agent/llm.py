@@ -1,0 +1,123 @@
+"""An OpenAI-compatible chat client: one POST per turn, transient faults retried with backoff (tenacity)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+
+class LLMError(RuntimeError):
+    """The endpoint failed for good (after retries) or answered something unusable."""
+
+
+class TransientLLMError(LLMError):
+    """Worth retrying: 429/5xx, a timeout, a dropped connection, a garbled or empty answer."""
+
+
+class ContextLimitError(LLMError):
+    """The conversation no longer fits the model's context window."""
+
+
+@dataclass
+class ChatReply:
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    raw_message: dict[str, Any] = field(default_factory=dict)
+
+
+CONTEXT_MARKERS = ("context length", "context window", "maximum context", "exceed context", "too many tokens")
+
+
+class ChatClient:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 600,
+        max_attempts: int = 5,
+        sampling: dict[str, Any] | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_attempts = max_attempts
+        self.sampling = dict(sampling or {})
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ChatReply:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = "auto"
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientLLMError),
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_exponential_jitter(initial=1, max=30),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._post(body)
+        raise AssertionError("unreachable")
+
+    async def _post(self, body: dict[str, Any]) -> ChatReply:
+        started = time.monotonic()
+        try:
+            response = await self._http.post("/chat/completions", json=body)
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise TransientLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+        latency = time.monotonic() - started
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TransientLLMError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")
+        if response.status_code >= 400:
+            text = response.text[:1000]
+            if any(marker in text.lower() for marker in CONTEXT_MARKERS):
+                raise ContextLimitError(f"{self.base_url}: {text}")
+            raise LLMError(f"{self.base_url}: HTTP {response.status_code}: {text}")
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TransientLLMError(f"{self.base_url}: malformed answer ({exc!r}): {response.text[:300]}") from exc
+        usage = data.get("usage") or {}
+        if choice.get("finish_reason") == "length" and not (message.get("content") or message.get("tool_calls")):
+            raise ContextLimitError(f"{self.base_url}: the model hit its token limit before writing anything")
+        return ChatReply(
+            content=message.get("content") or "",
+            tool_calls=message.get("tool_calls") or [],
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            latency_s=latency,
+            raw_message=message,
+        )
+
+
+async def check_endpoint(base_url: str, api_key: str | None = None, timeout: float = 10) -> list[str]:
+    """Fail fast, naming the URL, when an endpoint is unreachable; returns the model ids it serves."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=timeout, headers=headers) as http:
+            response = await http.get(base_url.rstrip("/") + "/models")
+    except httpx.HTTPError as exc:
+        raise LLMError(f"LLM endpoint {base_url} is unreachable: {type(exc).__name__}: {exc}") from None
+    if response.status_code >= 400:
+        raise LLMError(f"LLM endpoint {base_url}/models answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        return [m["id"] for m in response.json().get("data", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []

@@ -1,0 +1,282 @@
+"""The driver: rows in, results out. Holds the Dask client, starts engines and agent workers, feeds rollouts,
+verifies each finished rollout as a Dask future, writes Parquet as results arrive, and resumes a previous run.
+
+    from uni_agent import run
+    outcome = run("tasks.parquet", output_dir="outputs/demo", n=2)
+    outcome.results   # pandas DataFrame, one row per rollout
+    outcome.summary   # dict, also written to outputs/demo/summary.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import structlog
+from distributed import Client, LocalCluster
+
+from .config import AgentConfigs, ConfigError
+from .dataset import RowProblem, build_specs, read_rows
+from .engines import start_engines
+from .logs import configure_logging
+from .redact import redact, register_secret
+from .results import ResultStore
+from .rollout import RolloutResult, RolloutSpec
+from .settings import REPO_ROOT, RunSettings
+from .summary import summarize
+from .verify import Verification, verify_patch
+from .worker import AgentWorker
+
+log = structlog.get_logger("uni_agent.runner")
+ACTOR_RETRIES = 2  # a rollout whose actor call failed (worker lost) runs again on another actor
+
+
+@dataclass
+class RunOutcome:
+    results: pd.DataFrame
+    summary: dict[str, Any]
+    problems: list[RowProblem] = field(default_factory=list)
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Paths in settings may be relative to the working directory or to the repository."""
+    path = Path(path).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    return REPO_ROOT / path if (REPO_ROOT / path).exists() else path
+
+
+def run(
+    data: str | Path | list[dict[str, Any]] | None = None,
+    agent_config: str | Path | AgentConfigs | None = None,
+    settings: RunSettings | None = None,
+    client: Client | None = None,
+    **overrides: Any,
+) -> RunOutcome:
+    """Run every row × n rollouts and return the results. Blocking; see `run_async` inside an event loop.
+
+    data: a Parquet path or a list of rows in the seed schema (default: settings.data_path, else the bundled tasks).
+    agent_config: a YAML path or loaded AgentConfigs (default: settings.agent_config_path).
+    client: an existing distributed Client whose scheduler to use (default: settings' scheduler, else a LocalCluster).
+    overrides: any RunSettings field, e.g. n=2, output_dir="outputs/x".
+    """
+    settings = settings.model_copy(update=overrides) if settings else RunSettings(**overrides)
+    address = client.scheduler.address if client is not None else None
+    return asyncio.run(run_async(data, agent_config, settings, scheduler_address=address))
+
+
+async def run_async(
+    data: str | Path | list[dict[str, Any]] | None,
+    agent_config: str | Path | AgentConfigs | None,
+    settings: RunSettings,
+    scheduler_address: str | None = None,
+) -> RunOutcome:
+    started = time.monotonic()
+    output_dir = Path(settings.output_dir).expanduser().resolve()
+    log_dir = output_dir / "logs"
+    configure_logging(log_dir, "driver", settings.log_level)
+    register_secret(settings.api_key_value())
+    run_id = _run_id(output_dir)
+
+    agents = agent_config if isinstance(agent_config, AgentConfigs) else AgentConfigs.load(
+        resolve_path(agent_config or settings.agent_config_path))
+    if settings.max_turns is not None:
+        agents = agents.override_all({"interaction": {"max_turns": settings.max_turns}})
+    rows, source = _load_rows(data, settings, output_dir)
+    if settings.max_samples >= 0:
+        rows = rows[: settings.max_samples]
+    specs, problems = build_specs(rows, agents, run_id, settings.n, source)
+    for problem in problems:
+        print(f"skipped: {problem.error}", file=sys.stderr)
+        log.error("row_rejected", row=problem.row_index, instance_id=problem.instance_id, error=problem.error)
+    if not specs:
+        raise ConfigError(f"{source}: no valid rows to run ({len(problems)} rejected)")
+
+    store = ResultStore(output_dir, settings.flush_every)
+    done = store.done_keys()
+    todo = [s for s in specs if s.key not in done]
+    print(f"uni-agent run {run_id}: {len(specs) // settings.n} tasks x n={settings.n} = {len(specs)} rollouts"
+          f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run)", file=sys.stderr)
+    if todo:
+        async with _cluster_client(settings, scheduler_address) as client:
+            await _run_rollouts(client, todo, settings, store, log_dir)
+    store.flush()
+
+    wanted = {s.key for s in specs}
+    results = store.read()
+    results = results[[k in wanted for k in zip(results["instance_id"], results["rollout"].astype(int))]]
+    summary = summarize(results.reset_index(drop=True), num_tasks=len(specs) // settings.n, n=settings.n,
+                        wall_seconds=time.monotonic() - started,
+                        extra={"run_id": run_id, "rejected_rows": len(problems), "output_dir": str(output_dir)})
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return RunOutcome(results.reset_index(drop=True), summary, problems)
+
+
+def _run_id(output_dir: Path) -> str:
+    """One run id per output dir, so a resumed run keeps its id."""
+    marker = output_dir / "run.json"
+    if marker.exists():
+        return json.loads(marker.read_text())["run_id"]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    marker.write_text(json.dumps({"run_id": run_id}))
+    return run_id
+
+
+def _load_rows(data: Any, settings: RunSettings, output_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    if isinstance(data, list):
+        return data, "rows"
+    path = data or settings.data_path
+    if path is None:  # the bundled tasks, converted on the fly
+        from .tasks.swe_form import convert
+
+        path = output_dir / "bundled_tasks.parquet"
+        convert(None, path)
+    path = resolve_path(path)
+    return read_rows(path), str(path)
+
+
+@contextlib.asynccontextmanager
+async def _cluster_client(settings: RunSettings, scheduler_address: str | None) -> AsyncIterator[Client]:
+    address = scheduler_address or settings.scheduler_address
+    if address or settings.scheduler_file:
+        kwargs = {"address": address} if address else {"scheduler_file": settings.scheduler_file}
+        async with Client(asynchronous=True, **kwargs) as client:
+            yield client
+        return
+    async with LocalCluster(
+        n_workers=settings.n_workers, threads_per_worker=settings.threads_per_worker, processes=True,
+        asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
+        resources={"SANDBOX": 1024},
+    ) as cluster, Client(cluster, asynchronous=True) as client:
+        print(f"dask dashboard: {client.dashboard_link}", file=sys.stderr)
+        yield client
+
+
+async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
+                        log_dir: Path) -> None:
+    engines = await start_engines(client, settings, str(log_dir))
+    actors: list[Any] = []
+    try:
+        print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
+        workers = await _sandbox_workers(client)
+        for i in range(max(1, settings.num_workers)):
+            future = client.submit(
+                AgentWorker, engines.urls, engines.model_name, engines.api_key, settings.sampling(),
+                settings.llm_timeout, str(log_dir), settings.log_level,
+                actor=True, workers=[workers[i % len(workers)]], key=f"agent-worker-{i}-{uuid.uuid4().hex[:8]}",
+            )
+            actors.append(await future)
+        dispatcher = _Dispatcher(client, actors, store, settings, workers)
+        await dispatcher.run(todo)
+    finally:
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                await actor.close()
+        await engines.stop()
+
+
+async def _sandbox_workers(client: Client) -> list[str]:
+    """Workers that declare a SANDBOX resource, or every worker when none does."""
+    info = (await client.scheduler.identity(n_workers=-1))["workers"]
+    tagged = sorted(addr for addr, w in info.items() if "SANDBOX" in (w.get("resources") or {}))
+    return tagged or sorted(info)
+
+
+class _Dispatcher:
+    """Feeds rollouts to the least-busy agent worker, bounded by each agent's `concurrency`."""
+
+    def __init__(self, client: Client, actors: list[Any], store: ResultStore, settings: RunSettings,
+                 workers: list[str]):
+        self.client, self.actors, self.store, self.settings = client, actors, store, settings
+        self.in_flight = [0] * len(actors)
+        self.limits: dict[str, asyncio.Semaphore] = {}
+        self.sandbox_resources = {"SANDBOX": 1} if workers else None
+        self.progress = _Progress(settings.progress)
+
+    async def run(self, todo: list[RolloutSpec]) -> None:
+        self.progress.start(len(todo))
+        try:
+            await asyncio.gather(*(self._one(spec) for spec in todo))
+        finally:
+            self.progress.close()
+
+    async def _one(self, spec: RolloutSpec) -> None:
+        limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
+        async with limit:
+            result = await self._rollout(spec)
+            if self.settings.verify and result.exit_reason != "error" or result.patch:
+                await self._verify(spec, result)
+        self.store.add(result)
+        self.progress.update(result)
+        log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
+                 exit_reason=result.exit_reason)
+
+    async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
+        last_error = ""
+        for _attempt in range(ACTOR_RETRIES + 1):
+            index = min(range(len(self.actors)), key=self.in_flight.__getitem__)
+            self.in_flight[index] += 1
+            try:
+                return await self.actors[index].run_rollout(spec)
+            except Exception as exc:  # the actor or its worker failed, not the rollout: try another actor
+                last_error = redact(f"{type(exc).__name__}: {exc}")
+                log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout,
+                            error=last_error)
+            finally:
+                self.in_flight[index] -= 1
+        return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
+                             exit_reason="error", error=f"agent worker failed: {last_error}")
+
+    async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
+        if not self.settings.verify:
+            return
+        future = self.client.submit(
+            verify_patch, spec.agent, result.patch, f"{spec.instance_id}-r{spec.rollout}-verify",
+            pure=False, resources=self.sandbox_resources, key=f"verify-{spec.instance_id}-r{spec.rollout}-"
+            f"{uuid.uuid4().hex[:6]}",
+        )
+        try:
+            verification: Verification = await future
+        except Exception as exc:
+            verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
+        result.reward, result.resolved = verification.reward, verification.resolved
+        result.verify_s = verification.seconds
+        result.verification = verification.to_json()
+        if verification.status in ("error", "timeout") and result.error is None:
+            result.error = f"verification {verification.status}: {verification.error}"
+
+
+class _Progress:
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar: Any = None
+        self.done = self.errors = 0
+        self.reward_sum = 0.0
+
+    def start(self, total: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="rollout", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, result: RolloutResult) -> None:
+        self.done += 1
+        self.reward_sum += result.reward
+        self.errors += result.exit_reason == "error"
+        if self.bar is not None:
+            self.bar.set_postfix(reward=f"{self.reward_sum / self.done:.3f}", errors=self.errors, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,19 @@
+"""Sandboxes: one protocol (base.py) and one module per backend."""
+
+from __future__ import annotations
+
+from ..config import LocalDeploymentConfig
+from .base import ExecResult, Sandbox, SandboxError, SandboxStartError, clip_output, read_file, write_file
+
+
+def make_sandbox(deployment: LocalDeploymentConfig, env_variables: dict[str, str], name: str = "") -> Sandbox:
+    """The sandbox for a deployment config; backends are imported lazily so optional SDKs stay optional."""
+    if deployment.type == "local":
+        from .local import LocalSandbox
+
+        return LocalSandbox(deployment, env_variables, name=name)
+    raise ValueError(f"unknown deployment type {deployment.type!r}")
+
+
+__all__ = ["ExecResult", "Sandbox", "SandboxError", "SandboxStartError", "clip_output", "make_sandbox",
+           "read_file", "write_file"]

@@ -1,0 +1,291 @@
+"""The local backend: a bubblewrap sandbox per rollout, network off, host filesystem read-only.
+
+The task repository is mounted at `workdir` (default /testbed) copy-on-write: an overlayfs whose lower layer is a
+git snapshot of the repo (shared, cached) and whose upper layer belongs to this sandbox. Debian's bubblewrap 0.8 has
+no overlay option, so each command runs as `unshare --mount` → mount the overlay in that private namespace →
+`exec bwrap`. The mount dies with the command; nothing is left mounted on the host. Without root (or where overlayfs
+cannot be mounted) the workspace is a plain copy instead.
+
+Each command is a fresh bwrap process. The shell state the agent expects to persist (working directory and exported
+variables) is saved by an EXIT trap into the sandbox's private state dir and restored before the next command, so a
+killed command can never leave a wedged shell behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from ..config import LocalDeploymentConfig
+from .base import ExecResult, SandboxError, SandboxStartError
+
+BUNDLED_TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "bundled"
+CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # output beyond this is counted, not kept (a `yes` must not eat memory)
+STATE_DIR_IN_SANDBOX = "/run/uni-agent"
+
+RUNNER_SCRIPT = r"""
+[ -f {state}/state.sh ] && source {state}/state.sh 2>/dev/null
+__ua_save_state() {{
+  local rc=$?
+  {{ export -p; printf 'cd -- %q\n' "$PWD"; }} > {state}/state.sh.new 2>/dev/null && mv -f {state}/state.sh.new {state}/state.sh
+  return $rc
+}}
+trap __ua_save_state EXIT
+if [ "$UA_MERGE_STDERR" = 1 ]; then exec 2>&1; fi
+unset UA_MERGE_STDERR
+source {state}/cmd.sh
+"""
+
+
+def sandbox_root() -> Path:
+    root = Path(os.environ.get("UNI_AGENT_SANDBOX_ROOT") or Path(tempfile.gettempdir()) / "uni-agent-sandboxes")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def resolve_repo(repo: str) -> Path:
+    """`bundled:<instance_id>` or a directory path → the directory holding the repository."""
+    if repo.startswith("bundled:"):
+        path = BUNDLED_TASKS_DIR / repo.removeprefix("bundled:") / "repo"
+    else:
+        path = Path(repo).expanduser()
+    if not path.is_dir():
+        raise SandboxStartError(f"task repository {repo!r} not found (looked at {path})")
+    return path.resolve()
+
+
+def _tree_fingerprint(path: Path) -> str:
+    digest = hashlib.sha256(str(path).encode())
+    for file in sorted(p for p in path.rglob("*") if ".git" not in p.relative_to(path).parts):
+        stat = file.lstat()
+        digest.update(f"{file.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "uni-agent",
+    "GIT_AUTHOR_EMAIL": "uni-agent@localhost",
+    "GIT_COMMITTER_NAME": "uni-agent",
+    "GIT_COMMITTER_EMAIL": "uni-agent@localhost",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+}
+
+
+def prepare_base_repo(source: Path) -> Path:
+    """A cached git snapshot of `source` (all files committed), shared read-only by every sandbox of the task.
+
+    Built in a temp dir and renamed into place, so concurrent workers never see a half-built snapshot.
+    """
+    base = cache_root() / "repos" / f"{source.name}-{_tree_fingerprint(source)}"
+    if base.is_dir():
+        return base
+    base.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{base.name}-", dir=base.parent))
+    try:
+        shutil.copytree(source, building, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        env = {**os.environ, **GIT_IDENTITY}
+        run = lambda *args: subprocess.run(["git", *args], cwd=building, env=env, check=True, capture_output=True)  # noqa: E731
+        if not (building / ".git").exists():
+            run("init", "-q", "-b", "main")
+        run("add", "-A")
+        run("commit", "-q", "--allow-empty", "--no-verify", "-m", "uni-agent base snapshot")
+        try:
+            os.rename(building, base)
+        except OSError:  # another worker finished first; theirs is identical
+            shutil.rmtree(building, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return base
+
+
+def _python_dirs() -> list[str]:
+    """Directories the sandbox needs read-only so that `python` (with pytest) works inside it."""
+    dirs = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)}
+    return sorted(d for d in dirs if not d.startswith("/usr/"))
+
+
+class LocalSandbox:
+    def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
+        if config.repo is None:
+            raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>)")
+        self.config = config
+        self.workdir = config.workdir
+        self.env_variables = dict(env_variables or {})
+        self.name = f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}"
+        self.dir: Path | None = None
+        self.use_overlay = False
+        self._base: Path | None = None
+        self._running: set[asyncio.subprocess.Process] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if shutil.which("bwrap") is None:
+            raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
+        self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+        self.dir = sandbox_root() / self.name
+        for sub in ("upper", "work", "merged", "tmp", "home", "state"):
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "state" / "run.sh").write_text(RUNNER_SCRIPT.format(state=STATE_DIR_IN_SANDBOX))
+        want_overlay = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
+        self.use_overlay = want_overlay and await self._overlay_works()
+        if not self.use_overlay:
+            if self.config.workspace == "overlay":
+                raise SandboxStartError("overlayfs workspace requested but it cannot be mounted here (needs root)")
+            await asyncio.to_thread(shutil.copytree, self._base, self.dir / "merged", symlinks=True,
+                                    dirs_exist_ok=True)
+        probe = await self.exec("true", timeout=self.config.startup_timeout)
+        if probe.exit_code != 0:
+            raise SandboxStartError(f"sandbox did not start: {probe.output.strip()[-2000:]}")
+
+    async def _overlay_works(self) -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            *self._overlay_prefix(), "true", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        return await proc.wait() == 0
+
+    async def close(self) -> None:
+        for proc in list(self._running):
+            _kill_group(proc)
+        if self.dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.dir, True)
+            self.dir = None
+
+    async def __aenter__(self) -> LocalSandbox:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- commands ----------------------------------------------------------------------------------------------
+    def _overlay_prefix(self) -> list[str]:
+        assert self.dir is not None and self._base is not None
+        mount = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 && exec "$@"'
+        d = self.dir
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh",
+                str(self._base), str(d / "upper"), str(d / "work"), str(d / "merged")]
+
+    def _bwrap_args(self, merge_stderr: bool) -> list[str]:
+        assert self.dir is not None
+        d = self.dir
+        python_bin = f"{sys.prefix}/bin"
+        env = {
+            "PATH": f"{python_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **GIT_IDENTITY,
+            **self.env_variables,
+            "UA_MERGE_STDERR": "1" if merge_stderr else "0",
+        }
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+        if self.config.network:
+            args.append("--share-net")
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for link in ("bin", "lib", "lib32", "lib64", "sbin"):
+            target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+            if target:
+                args += ["--symlink", target, f"/{link}"]
+            elif os.path.isdir(f"/{link}"):
+                args += ["--ro-bind", f"/{link}", f"/{link}"]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--bind", str(d / "tmp"), "/tmp", "--bind", str(d / "home"), "/root",
+                 "--bind", str(d / "state"), STATE_DIR_IN_SANDBOX]
+        for python_dir in _python_dirs():
+            args += ["--ro-bind", python_dir, python_dir]
+        args += ["--bind", str(d / "merged"), self.workdir, "--chdir", self.workdir]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        limits = []
+        if self.config.max_memory_mb:
+            limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
+        args += ["bash", "--noprofile", "--norc", "-c", f"{' '.join(limits)} source {STATE_DIR_IN_SANDBOX}/run.sh"]
+        return args
+
+    async def exec(
+        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
+    ) -> ExecResult:
+        if self.dir is None:
+            raise SandboxError(f"sandbox {self.name} is not running")
+        timeout = min(timeout, self.config.runtime_timeout)
+        (self.dir / "state" / "cmd.sh").write_text(command + "\n")
+        argv = (self._overlay_prefix() if self.use_overlay else []) + self._bwrap_args(merge_stderr)
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group, so a timeout kills everything it started
+        )
+        self._running.add(proc)
+        try:
+            if stdin is not None:
+                assert proc.stdin is not None
+                proc.stdin.write(stdin)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    await proc.stdin.drain()
+                proc.stdin.close()
+            stdout_task = asyncio.ensure_future(_read_capped(proc.stdout))
+            stderr_task = asyncio.ensure_future(_read_capped(proc.stderr))
+            timed_out = False
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                timed_out = True
+                _kill_group(proc)
+                await proc.wait()
+            (stdout, dropped_out), (stderr, dropped_err) = await asyncio.gather(stdout_task, stderr_task)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            self._running.discard(proc)
+        return ExecResult(
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=None if timed_out else proc.returncode,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+            truncated_bytes=dropped_out + dropped_err,
+        )
+
+
+async def _read_capped(stream: asyncio.StreamReader | None) -> tuple[bytes, int]:
+    if stream is None:
+        return b"", 0
+    kept = bytearray()
+    dropped = 0
+    while chunk := await stream.read(65536):
+        room = CAPTURE_LIMIT_BYTES - len(kept)
+        kept += chunk[:room]
+        dropped += max(0, len(chunk) - room)
+    return bytes(kept), dropped
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

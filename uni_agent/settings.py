@@ -1,0 +1,83 @@
+"""Run settings: defaults in settings/default.yaml, overridden by UNI_AGENT_* environment variables, then by CLI
+flags (passed as keyword arguments)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SETTINGS_FILE = REPO_ROOT / "settings" / "default.yaml"
+
+
+def settings_file() -> Path | None:
+    path = Path(os.environ.get("UNI_AGENT_SETTINGS_FILE") or DEFAULT_SETTINGS_FILE)
+    return path if path.is_file() else None
+
+
+class RunSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="UNI_AGENT_", extra="forbid", validate_default=True)
+
+    # Where and what
+    data_path: str | None = None
+    agent_config_path: str = str(REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml")
+    output_dir: str = "outputs/run"
+    n: int = 1
+    max_samples: int = -1
+    max_turns: int | None = None
+
+    # Dask
+    scheduler_address: str | None = None
+    scheduler_file: str | None = None
+    n_workers: int = 2
+    threads_per_worker: int = 2
+    num_workers: int = 2
+    verify: bool = True
+
+    # LLM engine
+    engine: Literal["llama_cpp", "external", "vllm"] = "llama_cpp"
+    model_path: str | None = None
+    model_name: str | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    engine_replicas: int = 1
+    engine_threads: int | None = None
+    engine_start_timeout: float = 300
+    context_length: int = 8192
+    temperature: float = 0.8
+    top_p: float = 0.9
+    max_tokens: int = 512
+    llm_timeout: float = 600
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    tp: int = 1
+
+    # Output
+    flush_every: int = 16
+    log_level: str = "INFO"
+    progress: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = settings_file()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    def sampling(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def api_key_value(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key else None

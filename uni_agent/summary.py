@@ -1,0 +1,52 @@
+"""The run summary (summary.json): Avg@N, pass@k, exit reasons, throughput."""
+
+from __future__ import annotations
+
+from math import comb
+from typing import Any
+
+import pandas as pd
+
+from .rollout import EXIT_REASONS
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task with n rollouts of which c passed."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: float, extra: dict | None = None
+              ) -> dict[str, Any]:
+    rewards = results["reward"].astype(float) if len(results) else pd.Series(dtype=float)
+    exit_reasons = {reason: 0 for reason in EXIT_REASONS}
+    for reason, count in results["exit_reason"].value_counts().items() if len(results) else []:
+        exit_reasons[str(reason)] = int(count)
+    per_task = results.groupby("instance_id")["reward"] if len(results) else None
+    pass_k: dict[str, float] = {}
+    if per_task is not None:
+        for k in sorted({1, n}):
+            scores = [pass_at_k(len(g), int((g >= 1).sum()), k) for _, g in per_task if len(g) >= k]
+            if scores:
+                pass_k[f"pass@{k}"] = round(sum(scores) / len(scores), 4)
+    summary = {
+        "num_tasks": num_tasks,
+        "n": n,
+        "num_rollouts": int(len(results)),
+        "avg_at_n": round(float(rewards.mean()), 4) if len(rewards) else 0.0,
+        "resolved": int((rewards >= 1).sum()),
+        "resolved_instances": int(per_task.max().ge(1).sum()) if per_task is not None else 0,
+        **pass_k,
+        "exit_reasons": exit_reasons,
+        "errors": int(results["error"].notna().sum()) if len(results) else 0,
+        "wall_seconds": round(wall_seconds, 2),
+        "rollouts_per_minute": round(len(results) / wall_seconds * 60, 2) if wall_seconds > 0 else 0.0,
+    }
+    if len(results):
+        summary["mean_seconds"] = {
+            col.removesuffix("_s"): round(float(results[col].mean()), 3)
+            for col in ("sandbox_start_s", "llm_s", "tools_s", "verify_s", "total_s")
+        }
+    summary.update(extra or {})
+    return summary

@@ -1,0 +1,114 @@
+"""Verification: grade a patch in a fresh sandbox. Runs as a Dask future (a plain function in a worker thread).
+
+Steps (the SWE-bench harness's order): apply the model's patch → reset the files the test patch touches (an
+add-only test patch included) → apply the hidden test patch → run the tests → parse the log → grade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .agent_loop import start_sandbox
+from .config import AgentConfig, ConfigError
+from .grading import files_in_patch, grade, parse_pytest_log
+from .sandbox import Sandbox, write_file
+
+GRADERS = ("swe_local",)
+DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider -q"
+LOG_TAIL_CHARS = 8000
+
+
+@dataclass
+class Verification:
+    reward: float = 0.0
+    resolved: bool = False
+    patch_applied: bool = False
+    status: str = "error"  # resolved | unresolved | patch_failed | timeout | error
+    fail_to_pass: dict[str, str] = field(default_factory=dict)
+    pass_to_pass: dict[str, str] = field(default_factory=dict)
+    log_tail: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+def check_reward_config(agent: AgentConfig, where: str) -> None:
+    """Reject rows whose reward cannot be graded, before anything runs."""
+    reward = agent.reward
+    if reward.name not in GRADERS:
+        raise ConfigError(f"{where}: reward.name {reward.name!r} is not a known grader; available: {GRADERS}")
+    for key in ("test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"):
+        if key not in reward.metadata:
+            raise ConfigError(f"{where}: reward.metadata lacks {key!r}")
+
+
+def _test_list(value: Any) -> list[str]:
+    return json.loads(value) if isinstance(value, str) else list(value)
+
+
+def verify_patch(agent: AgentConfig, patch: str, name: str = "verify") -> Verification:
+    """Entry point for Dask: blocking, so it runs in a worker thread, with its own event loop."""
+    return asyncio.run(verify_patch_async(agent, patch, name))
+
+
+async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify") -> Verification:
+    started = time.monotonic()
+    outcome = Verification()
+    sandbox: Sandbox | None = None
+    try:
+        sandbox = await start_sandbox(agent, name=name)
+        await asyncio.wait_for(_grade_in(sandbox, agent, patch, outcome), agent.reward.eval_timeout)
+    except TimeoutError:
+        outcome.status, outcome.error = "timeout", f"verification ran past eval_timeout={agent.reward.eval_timeout:g}s"
+    except Exception as exc:  # any failure here is recorded on the rollout, never lost
+        outcome.status, outcome.error = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        if sandbox is not None:
+            await sandbox.close()
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+async def _grade_in(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
+    meta = agent.reward.metadata
+    test_patch: str = meta["test_patch"]
+    timeout = agent.reward.eval_timeout
+    workdir = shlex.quote(sandbox.workdir)
+    if patch.strip():
+        await write_file(sandbox, "/tmp/model.patch", patch.encode())
+        applied = await sandbox.exec(f"cd {workdir} && git apply --whitespace=nowarn /tmp/model.patch", timeout)
+        if applied.exit_code != 0:
+            outcome.status, outcome.log_tail = "patch_failed", applied.output[-LOG_TAIL_CHARS:]
+            return
+    outcome.patch_applied = True
+    test_files = files_in_patch(test_patch)
+    # The agent may have edited or created the test files; reset them so only the hidden tests count.
+    resets = " ; ".join(
+        f"(git checkout HEAD -- {shlex.quote(f)} 2>/dev/null || rm -f -- {shlex.quote(f)})" for f in test_files
+    )
+    await write_file(sandbox, "/tmp/test.patch", test_patch.encode())
+    prepared = await sandbox.exec(
+        f"cd {workdir} && {{ {resets or 'true'} ; }} && git apply --whitespace=nowarn /tmp/test.patch", timeout
+    )
+    if prepared.exit_code != 0:
+        raise RuntimeError(f"the test patch did not apply: {prepared.output[-2000:]}")
+    f2p, p2p = _test_list(meta["FAIL_TO_PASS"]), _test_list(meta["PASS_TO_PASS"])
+    targets = list(dict.fromkeys(test_files + [t.split("::")[0] for t in f2p + p2p]))
+    test_cmd = meta.get("test_cmd", DEFAULT_TEST_CMD)
+    run = await sandbox.exec(f"cd {workdir} && {test_cmd} {' '.join(map(shlex.quote, targets))}", timeout)
+    log = run.output
+    outcome.log_tail = log[-LOG_TAIL_CHARS:]
+    if run.timed_out:
+        outcome.status = "timeout"
+        return
+    result = grade(f2p, p2p, parse_pytest_log(log))
+    outcome.fail_to_pass, outcome.pass_to_pass = result.fail_to_pass, result.pass_to_pass
+    outcome.resolved, outcome.reward = result.resolved, result.reward
+    outcome.status = "resolved" if result.resolved else "unresolved"
