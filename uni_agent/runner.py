@@ -166,6 +166,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
                         log_dir: Path) -> None:
     engines = await start_engines(client, settings, str(log_dir))
     actors: list[Any] = []
+    actor_futures: list[Any] = []  # an actor lives only while its future is referenced
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
         workers = await _sandbox_workers(client)
@@ -175,6 +176,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
                 settings.llm_timeout, str(log_dir), settings.log_level,
                 actor=True, workers=[workers[i % len(workers)]], key=f"agent-worker-{i}-{uuid.uuid4().hex[:8]}",
             )
+            actor_futures.append(future)
             actors.append(await future)
         dispatcher = _Dispatcher(client, actors, store, settings, workers)
         await dispatcher.run(todo)

@@ -15,6 +15,7 @@ class Engines:
     model_name: str
     api_key: str | None = None
     actors: list[Any] = field(default_factory=list)  # server actors to stop at the end (none for external)
+    futures: list[Any] = field(default_factory=list)  # an actor lives only while its future is referenced
 
     async def stop(self) -> None:
         for actor in self.actors:

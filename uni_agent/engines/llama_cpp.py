@@ -52,14 +52,15 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
     replicas = max(1, settings.engine_replicas)
     threads = settings.engine_threads or max(1, (os.cpu_count() or 2) // replicas)
     workers = sorted((await client.scheduler.identity(n_workers=-1))["workers"])
-    actors = []
+    actors, futures = [], []
     for i in range(replicas):
         log_path = str(Path(log_dir).resolve() / f"engine-{i}.log")
         future = client.submit(LlamaCppServer, str(Path(model_path).expanduser()), name, settings.context_length,
                                threads, log_path, actor=True, workers=[workers[i % len(workers)]],
                                key=f"llama-cpp-server-{i}-{uuid.uuid4().hex[:8]}")
+        futures.append(future)
         actors.append(await future)
-    engines = Engines(urls=[], model_name=name, actors=actors)
+    engines = Engines(urls=[], model_name=name, actors=actors, futures=futures)
     try:
         for actor in actors:
             engines.urls.append(await actor.start(settings.engine_start_timeout))
