@@ -1,0 +1,41 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
+
+
+@pytest.fixture(scope="session")
+def dask_client(tmp_path_factory):
+    """One real LocalCluster (worker processes) for the session's integration tests."""
+    from distributed import Client, LocalCluster
+
+    os.environ.setdefault("UNI_AGENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", resources={"SANDBOX": 64}) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture
+def no_leftover_sandboxes():
+    """Asserts after the test that no sandbox directory, mount or bwrap process was left behind."""
+    from uni_agent.sandbox.local import sandbox_root
+
+    root = sandbox_root()
+    before = set(root.iterdir())
+    yield
+    leftover = set(root.iterdir()) - before
+    assert not leftover, f"sandbox dirs left behind: {leftover}"
+    assert str(root) not in Path("/proc/self/mounts").read_text()
+    bwraps = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
+              and str(root) in _cmd(p)]
+    assert not bwraps, f"bwrap processes left: {[_cmd(p) for p in bwraps]}"
+
+
+def _cmd(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks that exercise the real system (real HTTP, real sandboxes, real Dask)."""
