@@ -13,7 +13,7 @@ import yaml
 from pydantic import SecretStr, ValidationError
 
 from uni_agent.config import TOOL_NAMES, AgentConfigs, ConfigError, deep_merge
-from uni_agent.settings import REPO_ROOT, RunSettings
+from uni_agent.settings import REPO_ROOT, RunSettings, load_settings
 
 EXAMPLE_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 
@@ -289,8 +289,27 @@ def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         if key.startswith("UNI_AGENT_") and key not in ("UNI_AGENT_SANDBOX_ROOT", "UNI_AGENT_CACHE_DIR"):
             monkeypatch.delenv(key)
     path = tmp_path / "settings.yaml"
+    path.write_text("# empty: every field at its default\n")
     monkeypatch.setenv("UNI_AGENT_SETTINGS_FILE", str(path))
     return path
+
+
+def test_settings_file_that_does_not_exist_is_an_error(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNI_AGENT_SETTINGS_FILE", str(settings_env.parent / "nope.yaml"))
+    with pytest.raises(ConfigError, match="nope.yaml: no such file"):
+        load_settings()
+
+
+def test_load_settings_names_the_field_and_the_file(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings_env.write_text("n: 2\nturbo: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "turbo" in str(info.value) and str(settings_env) in str(info.value)
+    settings_env.write_text("n: 2\n")
+    monkeypatch.setenv("UNI_AGENT_N", "several")
+    with pytest.raises(ConfigError, match="n: "):
+        load_settings()
+    assert load_settings(load_settings(n=5), max_turns=2).n == 5
 
 
 def test_settings_precedence_file_env_kwargs(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:

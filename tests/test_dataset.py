@@ -276,3 +276,10 @@ def test_build_specs_rows_written_and_read_back(tmp_path: Path, parquet: Path, a
     assert [s.instance_id for s in specs] == [rows[0]["instance_id"], rows[1]["instance_id"]]
     assert [(p.row_index, p.instance_id) for p in problems] == [(2, "bad-reward")]
     assert str(path) in problems[0].error
+
+
+def test_plain_string_prompt_is_reported_with_its_row(parquet: Path, agents: AgentConfigs) -> None:
+    row = dict(read_rows(parquet)[0], prompt="fix the bug")
+    specs, problems = build_specs([row], agents, "run", n=1, source="data.parquet")
+    assert specs == [] and len(problems) == 1
+    assert "data.parquet row 0" in problems[0].error and "prompt" in problems[0].error

@@ -492,3 +492,37 @@ def test_bundled_repo_reference_starts(repo: Path) -> None:
             await box.close()
 
     assert sorted(run(main())) == expected
+
+
+# -- regressions found in review ------------------------------------------------------------------------------------
+
+
+def test_stdin_does_not_defeat_the_timeout(repo: Path) -> None:
+    async def body(box: LocalSandbox) -> tuple[ExecResult, ExecResult, float]:
+        started = time.monotonic()
+        ignores_input = await box.exec("sleep 6", 1, stdin=b"x" * 1_000_000)
+        writes_first = await box.exec("head -c 1000000 /dev/zero; cat >/dev/null; echo done", 20,
+                                      stdin=b"x" * 1_000_000)
+        return ignores_input, writes_first, time.monotonic() - started
+
+    ignores_input, writes_first, elapsed = with_sandbox(repo, body)
+    assert ignores_input.timed_out and ignores_input.exit_code is None
+    assert not writes_first.timed_out and writes_first.stdout.endswith(b"done\n")
+    assert len(writes_first.stdout) == 1_000_000 + len(b"done\n")
+    assert elapsed < 15
+
+
+def test_concurrent_execs_each_run_their_own_command(repo: Path) -> None:
+    async def body(box: LocalSandbox) -> list[bytes]:
+        results = await asyncio.gather(*(box.exec(f"echo {word}", 10) for word in ("A", "B", "C")))
+        return [r.stdout for r in results]
+
+    assert with_sandbox(repo, body) == [b"A\n", b"B\n", b"C\n"]
+
+
+def test_unset_of_a_configured_variable_sticks(repo: Path) -> None:
+    async def body(box: LocalSandbox) -> bytes:
+        await box.exec("unset PAGER", 10)
+        return (await box.exec("echo [${PAGER-unset}]", 10)).stdout
+
+    assert with_sandbox(repo, body, env={"PAGER": "cat"}) == b"[unset]\n"

@@ -46,10 +46,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func")):
     """CLI flags override environment and settings file; only flags actually given are passed."""
-    from .settings import RunSettings
+    from .settings import load_settings
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in skip}
-    return RunSettings(**given)
+    return load_settings(**given)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,7 @@ class LocalDeploymentConfig(DeploymentBase):
 
 # One entry per backend; the container and Modal backends join this union in their own modules' issues.
 DeploymentConfig = Annotated[LocalDeploymentConfig, Field(discriminator="type")]
+DEPLOYMENT_TYPES = ("local",)
 
 
 class EnvConfig(StrictModel):
@@ -64,6 +66,14 @@ class EnvConfig(StrictModel):
     env_variables: dict[str, str] = Field(default_factory=dict)
     post_setup_cmd: str = ""
     """Run once in the sandbox after it starts (e.g. install a package); a failure fails the rollout."""
+
+    @field_validator("env_variables")
+    @classmethod
+    def _shell_names(cls, variables: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {bad}")
+        return variables
 
 
 class InteractionConfig(StrictModel):
@@ -141,7 +151,10 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def format_validation_error(exc: ValidationError, where: str) -> str:
     lines = [f"{where}: invalid agent config"]
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        # pydantic puts the union's tag (e.g. `local`) into the path; the YAML has no such key.
+        loc = [p for i, p in enumerate(err["loc"]) if not (i and err["loc"][i - 1] == "deployment" and p in
+                                                            DEPLOYMENT_TYPES)]
+        field = ".".join(str(p) for p in loc) or "(root)"
         lines.append(f"  {field}: {err['msg']}")
     return "\n".join(lines)
 

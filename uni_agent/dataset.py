@@ -74,8 +74,11 @@ def build_specs(
             extra_info = _as_dict(row.get("extra_info"), where, "extra_info")
             tools_kwargs = _drop_nones(_as_dict(extra_info.get("tools_kwargs"), where, "extra_info.tools_kwargs"))
             prompt = row.get("prompt")
-            if isinstance(prompt, str):
-                prompt = json.loads(prompt)
+            if isinstance(prompt, str):  # a JSON-encoded message list is accepted too
+                try:
+                    prompt = json.loads(prompt)
+                except json.JSONDecodeError:
+                    raise ConfigError(f"{where}: prompt must be a list of chat messages, got a plain string") from None
             if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
                 raise ConfigError(f"{where}: prompt must be a list of chat messages with `role` and `content`")
             agent_name = row.get("agent_name")
@@ -83,7 +86,7 @@ def build_specs(
                 raise ConfigError(f"{where}: agent_name must be a string")
             agent = agents.for_row(agent_name, tools_kwargs, where)
             check_reward_config(agent, where)
-        except (ConfigError, json.JSONDecodeError) as exc:
+        except ConfigError as exc:
             problems.append(RowProblem(index, instance_id, str(exc)))
             continue
         seen.add(instance_id)

@@ -31,7 +31,7 @@ from .logs import configure_logging
 from .redact import redact, register_secret
 from .results import ResultStore
 from .rollout import RolloutResult, RolloutSpec
-from .settings import REPO_ROOT, RunSettings
+from .settings import REPO_ROOT, RunSettings, load_settings
 from .summary import summarize
 from .verify import Verification, verify_patch
 from .worker import AgentWorker
@@ -69,7 +69,7 @@ def run(
     client: an existing distributed Client whose scheduler to use (default: settings' scheduler, else a LocalCluster).
     overrides: any RunSettings field, e.g. n=2, output_dir="outputs/x".
     """
-    settings = settings.model_copy(update=overrides) if settings else RunSettings(**overrides)
+    settings = load_settings(settings, **overrides)
     address = client.scheduler.address if client is not None else None
     return asyncio.run(run_async(data, agent_config, settings, scheduler_address=address))
 

@@ -7,15 +7,20 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from .config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETTINGS_FILE = REPO_ROOT / "settings" / "default.yaml"
 
 
 def settings_file() -> Path | None:
-    path = Path(os.environ.get("UNI_AGENT_SETTINGS_FILE") or DEFAULT_SETTINGS_FILE)
+    chosen = os.environ.get("UNI_AGENT_SETTINGS_FILE")
+    if chosen and not Path(chosen).is_file():
+        raise ConfigError(f"UNI_AGENT_SETTINGS_FILE={chosen}: no such file")
+    path = Path(chosen) if chosen else DEFAULT_SETTINGS_FILE
     return path if path.is_file() else None
 
 
@@ -81,3 +86,15 @@ class RunSettings(BaseSettings):
 
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key else None
+
+
+def load_settings(base: RunSettings | None = None, **overrides: Any) -> RunSettings:
+    """RunSettings from file, environment and `overrides`; a bad value is a ConfigError naming where it came from."""
+    if base is not None:
+        overrides = {**base.model_dump(exclude_unset=True), **overrides}
+    try:
+        return RunSettings(**overrides)
+    except ValidationError as exc:
+        lines = [f"invalid run settings (from CLI flags, UNI_AGENT_* variables or {settings_file()}):"]
+        lines += [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None

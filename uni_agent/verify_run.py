@@ -16,7 +16,7 @@ import pandas as pd
 from .config import AgentConfigs, ConfigError
 from .dataset import build_specs
 from .runner import RunOutcome, _cluster_client, _load_rows, _sandbox_workers, resolve_path
-from .settings import RunSettings
+from .settings import RunSettings, load_settings
 from .verify import verify_patch
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
@@ -30,7 +30,7 @@ def _bucket(status: str) -> str:
 
 def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings | None = None,
                patch: Literal["gold", "empty"] = "gold", **overrides: Any) -> RunOutcome:
-    settings = settings.model_copy(update=overrides) if settings else RunSettings(**overrides)
+    settings = load_settings(settings, **overrides)
     return asyncio.run(_verify_all(data, agent_config, settings, patch))
 
 

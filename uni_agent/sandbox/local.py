@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -134,6 +135,7 @@ class LocalSandbox:
         self.use_overlay = False
         self._base: Path | None = None
         self._running: set[asyncio.subprocess.Process] = set()
+        self._lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,6 +146,7 @@ class LocalSandbox:
         for sub in ("upper", "work", "merged", "tmp", "home", "state"):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / "state" / "run.sh").write_text(RUNNER_SCRIPT.format(state=STATE_DIR_IN_SANDBOX))
+        (self.dir / "state" / "state.sh").write_text(self._initial_state())
         want_overlay = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
         self.use_overlay = want_overlay and await self._overlay_works()
         if not self.use_overlay:
@@ -180,6 +183,21 @@ class LocalSandbox:
         await self.close()
 
     # -- commands ----------------------------------------------------------------------------------------------
+    def _initial_state(self) -> str:
+        """The environment of the first command. Later commands inherit whatever the previous one left exported
+        (so `unset` and `export` stick), starting from a clean slate: nothing of the host's environment leaks in."""
+        env = {
+            "PATH": f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **GIT_IDENTITY,
+            **self.env_variables,
+        }
+        lines = [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+        return "\n".join(lines + [f"cd -- {shlex.quote(self.workdir)}", ""])
+
     def _overlay_prefix(self) -> list[str]:
         assert self.dir is not None and self._base is not None
         mount = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 && exec "$@"'
@@ -190,17 +208,7 @@ class LocalSandbox:
     def _bwrap_args(self, merge_stderr: bool) -> list[str]:
         assert self.dir is not None
         d = self.dir
-        python_bin = f"{sys.prefix}/bin"
-        env = {
-            "PATH": f"{python_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **GIT_IDENTITY,
-            **self.env_variables,
-            "UA_MERGE_STDERR": "1" if merge_stderr else "0",
-        }
+        env = {"UA_MERGE_STDERR": "1" if merge_stderr else "0"}  # the rest of the environment is shell state
         args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
         if self.config.network:
             args.append("--share-net")
@@ -230,7 +238,11 @@ class LocalSandbox:
     ) -> ExecResult:
         if self.dir is None:
             raise SandboxError(f"sandbox {self.name} is not running")
-        timeout = min(timeout, self.config.runtime_timeout)
+        async with self._lock:  # one command at a time: they share the command file and the shell state
+            return await self._exec(command, min(timeout, self.config.runtime_timeout), stdin, merge_stderr)
+
+    async def _exec(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
+        assert self.dir is not None
         (self.dir / "state" / "cmd.sh").write_text(command + "\n")
         argv = (self._overlay_prefix() if self.use_overlay else []) + self._bwrap_args(merge_stderr)
         started = time.monotonic()
@@ -242,25 +254,21 @@ class LocalSandbox:
             start_new_session=True,  # its own process group, so a timeout kills everything it started
         )
         self._running.add(proc)
+        # Feeding stdin, draining both outputs and waiting all happen together under the timeout: a command that
+        # never reads its input, or writes a lot before reading, cannot stall us.
+        io = asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr), _feed(proc, stdin), proc.wait())
+        timed_out = False
         try:
-            if stdin is not None:
-                assert proc.stdin is not None
-                proc.stdin.write(stdin)
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    await proc.stdin.drain()
-                proc.stdin.close()
-            stdout_task = asyncio.ensure_future(_read_capped(proc.stdout))
-            stderr_task = asyncio.ensure_future(_read_capped(proc.stderr))
-            timed_out = False
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
+                (stdout, dropped_out), (stderr, dropped_err), _, _ = await asyncio.wait_for(asyncio.shield(io),
+                                                                                          timeout)
             except TimeoutError:
                 timed_out = True
                 _kill_group(proc)
-                await proc.wait()
-            (stdout, dropped_out), (stderr, dropped_err) = await asyncio.gather(stdout_task, stderr_task)
+                (stdout, dropped_out), (stderr, dropped_err), _, _ = await io
         except BaseException:
             _kill_group(proc)
+            io.cancel()
             raise
         finally:
             self._running.discard(proc)
@@ -272,6 +280,15 @@ class LocalSandbox:
             duration_s=time.monotonic() - started,
             truncated_bytes=dropped_out + dropped_err,
         )
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
+    if data is None or proc.stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    proc.stdin.close()
 
 
 async def _read_capped(stream: asyncio.StreamReader | None) -> tuple[bytes, int]:
