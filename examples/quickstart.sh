@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash examples/setup.sh
-exec .venv/bin/python examples/agent_interaction/parallel_infer.py --n 2 --output-dir outputs/quickstart "$@"
+exec .venv/bin/python examples/agent_interaction/parallel_infer.py --n 2 --max-tokens 256 --output-dir outputs/quickstart "$@"

@@ -374,3 +374,10 @@ def test_settings_without_api_key(settings_env: Path) -> None:
     assert settings.api_key is None
     assert settings.api_key_value() is None
     assert settings.sampling() == {"temperature": 0.8, "top_p": 0.9, "max_tokens": 512}
+
+
+def test_constrained_tool_calls_need_prompt_tools(tmp_path: Path) -> None:
+    path = tmp_path / "agents.yaml"
+    path.write_text("- name: a\n  interaction: {tools_in: api, constrain_tool_calls: true}\n")
+    with pytest.raises(ConfigError, match="constrain_tool_calls needs tools_in: prompt"):
+        AgentConfigs.load(path)

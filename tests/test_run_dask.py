@@ -53,7 +53,7 @@ def _run(rows, tmp_path, client, server, agents=None, **overrides):
     settings = dict(engine="external", base_url=server.base_url, model_name="scripted", num_workers=2,
                     output_dir=str(tmp_path / "out"), progress=False, n=1)
     settings.update(overrides)
-    return run(rows, agents or AgentConfigs.load(AGENT_CONFIG).override_all({"interaction": {"tools_in": "api"}}),
+    return run(rows, agents or AgentConfigs.load(AGENT_CONFIG).override_all({"interaction": {"tools_in": "api", "constrain_tool_calls": False}}),
                client=client, **settings)
 
 
@@ -128,17 +128,28 @@ def test_exit_reasons(rows, tmp_path, dask_client):
     assert out.results.exit_reason.tolist() == ["context_limit"]
 
     agents = AgentConfigs.load(AGENT_CONFIG).override_all(
-        {"interaction": {"tools_in": "api", "action_timeout": 1, "timeout_budget": 0}})
+        {"interaction": {"tools_in": "api", "constrain_tool_calls": False, "action_timeout": 1, "timeout_budget": 0}})
     with ScriptedLLM(lambda b: tool_call_message("execute_bash", {"command": "sleep 20"})) as server:
         out = _run(rows[:1], tmp_path / "d", dask_client, server, agents=agents)
     assert out.results.exit_reason.tolist() == ["timeout_budget"]
     assert out.results.total_s[0] < 15
+
+    # The episode's wall clock also ends a rollout in the middle of a long command.
+    agents = AgentConfigs.load(AGENT_CONFIG).override_all(
+        {"interaction": {"tools_in": "api", "constrain_tool_calls": False, "action_timeout": 60, "episode_timeout": 2}})
+    with ScriptedLLM(lambda b: tool_call_message("execute_bash", {"command": "sleep 30"})) as server:
+        out = _run(rows[:1], tmp_path / "e", dask_client, server, agents=agents)
+    assert out.results.exit_reason.tolist() == ["timeout_budget"]
+    assert "wall-clock budget of 2 s" in out.results.error[0]
+    assert out.results.total_s[0] < 10
 
 
 def test_text_tool_calls_are_parsed(rows, tmp_path, dask_client):
     """Servers without structured tool calls: the tools go in the prompt and calls come back as hermes text."""
     def text_policy(body):
         assert "tools" not in body and "<tool_call>" in body["messages"][0]["content"]
+        allowed = [v["properties"]["name"]["enum"] for v in body["response_format"]["schema"]["anyOf"]]
+        assert sorted(allowed) == [["execute_bash"], ["str_replace_editor"], ["submit"]]
         if _turn(body) == 0:
             return {"role": "assistant", "content": 'Let me look.\n<tool_call>\n{"name": "execute_bash", '
                     '"arguments": {"command": "export SEEN=yes; cd tests && pwd"}}\n</tool_call>'}

@@ -7,6 +7,7 @@ Verification is not done here: it runs afterwards as a Dask future in a fresh sa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -19,7 +20,14 @@ from .llm import ChatClient, ContextLimitError, LLMError
 from .redact import redact
 from .rollout import RolloutResult, RolloutSpec
 from .sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox
-from .tool_parsing import ToolCall, ToolCallFormatError, parse_structured, parse_text, tool_format_instructions
+from .tool_parsing import (
+    ToolCall,
+    ToolCallFormatError,
+    parse_structured,
+    parse_text,
+    tool_call_json_schema,
+    tool_format_instructions,
+)
 from .tools import Toolbox
 
 log = structlog.get_logger("uni_agent.agent")
@@ -94,7 +102,13 @@ class UniAgentLoop:
                 if setup.exit_code != 0:
                     raise SandboxError(f"post_setup_cmd failed (exit {setup.exit_code}): {setup.output[-1000:]}")
             toolbox = Toolbox([t.name for t in agent.tools], sandbox, agent.interaction)
-            result.exit_reason = await self._interact(messages, toolbox, result, started, bound)
+            budget = self._wall_budget()
+            try:
+                async with asyncio.timeout(budget - (time.monotonic() - started) if budget else None):
+                    result.exit_reason = await self._interact(messages, toolbox, result, bound)
+            except TimeoutError:
+                message = f"the episode ran past its wall-clock budget of {budget:g} s"
+                raise EpisodeEnd("timeout_budget", message) from None
         except EpisodeEnd as end:
             result.exit_reason, result.error = end.exit_reason, str(end)
         except ContextLimitError as exc:
@@ -129,7 +143,12 @@ class UniAgentLoop:
             messages.insert(0, {"role": "system", "content": self.agent.system_prompt})
         return messages
 
-    async def _interact(self, messages, toolbox: Toolbox, result: RolloutResult, started: float, bound) -> str:
+    def _wall_budget(self) -> float | None:
+        """Seconds the episode may take: the episode timeout, and never past the sandbox's lifetime."""
+        limits = [self.agent.interaction.episode_timeout, self.agent.env.deployment.deployment_timeout]
+        return min((x for x in limits if x), default=None)
+
+    async def _interact(self, messages, toolbox: Toolbox, result: RolloutResult, bound) -> str:
         interaction = self.agent.interaction
         schemas = toolbox.schemas
         if interaction.tools_in == "prompt":
@@ -139,12 +158,13 @@ class UniAgentLoop:
             else:
                 messages.insert(0, {"role": "system", "content": instructions})
         api_tools = schemas if interaction.tools_in == "api" else None
+        response_format = None
+        if interaction.constrain_tool_calls:
+            response_format = {"type": "json_object", "schema": tool_call_json_schema(schemas)}
         timeouts_left = interaction.timeout_budget
         for turn in range(1, interaction.max_turns + 1):
-            if interaction.episode_timeout and time.monotonic() - started > interaction.episode_timeout:
-                raise EpisodeEnd("timeout_budget", f"episode ran past its {interaction.episode_timeout:g} s budget")
             result.num_turns = turn
-            reply = await self.llm.chat(messages, api_tools)
+            reply = await self.llm.chat(messages, api_tools, response_format)
             result.llm_s += reply.latency_s
             result.prompt_tokens += reply.prompt_tokens
             result.completion_tokens += reply.completion_tokens

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TOOL_NAMES = ("str_replace_editor", "execute_bash", "submit")
 
@@ -90,6 +90,15 @@ class InteractionConfig(StrictModel):
     tools_in: Literal["api", "prompt"] = "api"
     """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
     template ignores tools)."""
+    constrain_tool_calls: bool = False
+    """With tools_in=prompt: ask the server to constrain every reply to one valid JSON tool call
+    (`response_format` with a JSON schema, as llama.cpp's server supports). Small models need it."""
+
+    @model_validator(mode="after")
+    def _constraint_needs_prompt_tools(self) -> InteractionConfig:
+        if self.constrain_tool_calls and self.tools_in != "prompt":
+            raise ValueError("constrain_tool_calls needs tools_in: prompt (with tools_in: api the server parses calls)")
+        return self
 
 
 class ToolSpec(StrictModel):

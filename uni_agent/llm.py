@@ -57,11 +57,16 @@ class ChatClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ChatReply:
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+        response_format: dict[str, Any] | None = None,
+    ) -> ChatReply:
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
         if tools:
             body["tools"] = tools
             body["tool_choice"] = "auto"
+        if response_format:
+            body["response_format"] = response_format
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientLLMError),
             stop=stop_after_attempt(self.max_attempts),

@@ -711,3 +711,20 @@ def tool_format_instructions(tools: list[dict], fmt: str) -> str:
         format_call(*_example_call(tools), fmt),
     ]
     return "\n".join(parts)
+
+
+def tool_call_json_schema(tools: list[dict]) -> dict[str, Any]:
+    """A JSON schema matching exactly one valid call `{"name": ..., "arguments": {...}}` of one of the tools.
+
+    Servers that constrain decoding by a schema (llama.cpp's `response_format`) then can only produce well-formed
+    calls, which small models otherwise rarely manage."""
+    variants = []
+    for name, fn in _functions(tools).items():
+        params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+        params.setdefault("type", "object")
+        variants.append({
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "arguments": params},
+            "required": ["name", "arguments"],
+        })
+    return {"anyOf": variants}
