@@ -526,3 +526,26 @@ def test_unset_of_a_configured_variable_sticks(repo: Path) -> None:
         return (await box.exec("echo [${PAGER-unset}]", 10)).stdout
 
     assert with_sandbox(repo, body, env={"PAGER": "cat"}) == b"[unset]\n"
+
+
+def test_orphaned_sandbox_dirs_are_reaped(repo: Path, tmp_path: Path) -> None:
+    from uni_agent.sandbox import local
+
+    root = tmp_path / "sandboxes"
+    root.mkdir(exist_ok=True)
+    dead = subprocess_pid_that_exited()
+    orphan, alive, foreign = root / "orphan", root / "alive", root / "foreign"
+    for d in (orphan, alive, foreign):
+        (d / "upper").mkdir(parents=True)
+    (orphan / local.OWNER_FILE).write_text(str(dead))
+    (alive / local.OWNER_FILE).write_text(str(os.getpid()))
+    assert local.reap_orphaned_sandboxes(root) == [orphan]
+    assert not orphan.exists() and alive.exists() and foreign.exists()
+
+
+def subprocess_pid_that_exited() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -16,6 +16,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from .config import AgentConfig
+from .events import Emit, no_emit, rollout_event
 from .llm import ChatClient, ContextLimitError, LLMError
 from .redact import redact
 from .rollout import RolloutResult, RolloutSpec
@@ -78,9 +79,10 @@ async def workspace_patch(sandbox: Sandbox, timeout: float = 120) -> str:
 
 
 class UniAgentLoop:
-    def __init__(self, agent: AgentConfig, llm: ChatClient):
+    def __init__(self, agent: AgentConfig, llm: ChatClient, emit: Emit = no_emit):
         self.agent = agent
         self.llm = llm
+        self.emit = emit
 
     async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
         agent = self.agent
@@ -92,7 +94,10 @@ class UniAgentLoop:
         messages = self._initial_messages(spec.prompt)
         sandbox: Sandbox | None = None
         started = time.monotonic()
+        self._state = lambda state, **fields: self.emit(
+            rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, worker=worker, **fields))
         try:
+            self._state("starting_sandbox")
             t0 = time.monotonic()
             sandbox = await start_sandbox(agent, name=f"{spec.instance_id}-r{spec.rollout}")
             result.sandbox_start_s = time.monotonic() - t0
@@ -164,6 +169,7 @@ class UniAgentLoop:
         timeouts_left = interaction.timeout_budget
         for turn in range(1, interaction.max_turns + 1):
             result.num_turns = turn
+            self._state("running", turn=turn, max_turns=interaction.max_turns)
             reply = await self.llm.chat(messages, api_tools, response_format)
             result.llm_s += reply.latency_s
             result.prompt_tokens += reply.prompt_tokens

@@ -54,6 +54,27 @@ def sandbox_root() -> Path:
     return root
 
 
+OWNER_FILE = "owner.pid"
+_reaped_roots: set[str] = set()
+
+
+def reap_orphaned_sandboxes(root: Path) -> list[Path]:
+    """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
+
+    Its commands died with it (bwrap --die-with-parent, and the overlay mount lived only in their namespaces), so
+    only the directory is left. Run once per process and sandbox root, at the first sandbox start."""
+    removed = []
+    for sandbox_dir in root.iterdir():
+        try:
+            owner = int((sandbox_dir / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being created
+        if not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(sandbox_dir, ignore_errors=True)
+            removed.append(sandbox_dir)
+    return removed
+
+
 def cache_root() -> Path:
     root = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent")
     root.mkdir(parents=True, exist_ok=True)
@@ -142,9 +163,14 @@ class LocalSandbox:
         if shutil.which("bwrap") is None:
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
         self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
-        self.dir = sandbox_root() / self.name
+        root = sandbox_root()
+        if str(root) not in _reaped_roots:
+            _reaped_roots.add(str(root))
+            await asyncio.to_thread(reap_orphaned_sandboxes, root)
+        self.dir = root / self.name
         for sub in ("upper", "work", "merged", "tmp", "home", "state"):
             (self.dir / sub).mkdir(parents=True)
+        (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         (self.dir / "state" / "run.sh").write_text(RUNNER_SCRIPT.format(state=STATE_DIR_IN_SANDBOX))
         (self.dir / "state" / "state.sh").write_text(self._initial_state())
         want_overlay = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
