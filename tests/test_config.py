@@ -93,7 +93,7 @@ def test_single_mapping_is_one_agent(tmp_path: Path) -> None:
         (lambda a: a["interaction"].__setitem__("max_turn", 3), "interaction.max_turn", "Extra inputs"),
         (lambda a: a["interaction"].__setitem__("max_turns", "many"), "interaction.max_turns", "valid integer"),
         (lambda a: a["tools"].append({"name": "rm_rf"}), "tools.3.name", "unknown tool 'rm_rf'"),
-        (lambda a: a["env"]["deployment"].__setitem__("type", "docker"), "env.deployment", "'docker'"),
+        (lambda a: a["env"]["deployment"].__setitem__("type", "kubernetes"), "env.deployment", "'kubernetes'"),
         (lambda a: a.__setitem__("_target_", "no_such_pkg_xyz.Loop"), "_target_", "cannot import"),
         (lambda a: a.__setitem__("_target_", "uni_agent.agent_loop.NoSuchLoop"), "_target_", "NoSuchLoop"),
         (lambda a: a["env"]["deployment"].__setitem__("workspace", "tmpfs"), "env.deployment.workspace",

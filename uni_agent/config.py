@@ -56,9 +56,77 @@ class LocalDeploymentConfig(DeploymentBase):
     """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
 
 
-# One entry per backend; the container and Modal backends join this union in their own modules' issues.
-DeploymentConfig = Annotated[LocalDeploymentConfig, Field(discriminator="type")]
-DEPLOYMENT_TYPES = ("local",)
+class ContainerDeploymentConfig(DeploymentBase):
+    """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).
+
+    The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
+    copy in at start. The defaults are those that work with rootful podman + runc on Debian (see the README)."""
+
+    type: Literal["docker", "podman"] = "podman"
+    repo: str | None = None
+    """A repository to copy into `workdir` at start: a directory, or `bundled:<instance_id>`. None: the image's."""
+    workdir: str = "/testbed"
+    pull: Literal["never", "missing", "always"] = "missing"
+    """never: the image must be present locally; missing: pull when absent; always: pull before every start."""
+    network: str = "none"
+    """`none` (no network), or a network the CLI knows (`bridge`, `host`, a named network)."""
+    cpus: float | None = Field(default=None, gt=0)
+    memory: str | None = "4g"
+    """Memory limit in the CLI's syntax (`512m`, `4g`); None for no limit."""
+    pids_limit: int | None = Field(default=4096, ge=1)
+    ulimits: list[str] = Field(default_factory=lambda: ["nofile=4096:4096", "nproc=4096:4096"])
+    """`--ulimit` values; podman's own defaults fail where root lacks CAP_SYS_RESOURCE, so they are explicit."""
+    runtime: str | None = "runc"
+    """OCI runtime (`--runtime`); None for the engine's default. Debian's podman needs runc (crun fails there)."""
+    init: bool = True
+    """Run an init process as PID 1 (`--init`), which reaps the zombies of killed commands."""
+    cli: str | None = None
+    """Path of the CLI binary; default: `docker` or `podman` from PATH, after `type`."""
+    run_args: list[str] = Field(default_factory=list)
+    """Extra arguments for `run` (before the image), e.g. ["--security-opt", "label=disable"]."""
+    max_starting: int = Field(default=8, ge=1)
+    """Containers of this process that may be starting at once."""
+
+
+class ModalDeploymentConfig(DeploymentBase):
+    """A Modal sandbox (modal SDK, `pip install 'uni-agent[modal]'`), from a registry image."""
+
+    type: Literal["modal"] = "modal"
+    app_name: str = "uni-agent"
+    """The Modal app the sandboxes belong to (looked up, created if missing)."""
+    environment_name: str | None = None
+    repo: str | None = None
+    """A repository to upload into `workdir` at start (a directory or `bundled:<id>`); None: the image's."""
+    workdir: str = "/testbed"
+    cpu: float | None = Field(default=None, gt=0)
+    memory: int | None = Field(default=None, ge=1)
+    """MiB."""
+    block_network: bool = True
+    """Cut the sandbox off the network (the other backends are offline by default too)."""
+    add_python: str | None = None
+    """Have Modal add a Python of this version to the image (`Image.from_registry(..., add_python=)`)."""
+    max_starting: int = Field(default=32, ge=1)
+    """Sandboxes of this process that may be starting (created, not yet answering) at once."""
+    creates_per_second: float = Field(default=4.0, gt=0)
+    """Sandbox.create calls per second from this process (Modal rate-limits creates per account)."""
+    modal_sandbox_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """More keyword arguments for `modal.Sandbox.create` (e.g. region, gpu, idle_timeout)."""
+
+    @field_validator("modal_sandbox_kwargs")
+    @classmethod
+    def _not_ours(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        owned = {"app", "image", "timeout", "workdir", "cpu", "memory", "block_network", "name", "tags"}
+        clash = sorted(owned & set(kwargs))
+        if clash:
+            raise ValueError(f"{clash} are set by their own deployment fields, not modal_sandbox_kwargs")
+        return kwargs
+
+
+# One entry per backend.
+DeploymentConfig = Annotated[
+    LocalDeploymentConfig | ContainerDeploymentConfig | ModalDeploymentConfig, Field(discriminator="type")
+]
+DEPLOYMENT_TYPES = ("local", "docker", "podman", "modal")
 
 
 class EnvConfig(StrictModel):

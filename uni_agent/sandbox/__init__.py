@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from ..config import LocalDeploymentConfig
+from ..config import DeploymentConfig
 from .base import ExecResult, Sandbox, SandboxError, SandboxStartError, clip_output, read_file, write_file
 
 
-def make_sandbox(deployment: LocalDeploymentConfig, env_variables: dict[str, str], name: str = "") -> Sandbox:
+def make_sandbox(deployment: DeploymentConfig, env_variables: dict[str, str], name: str = "") -> Sandbox:
     """The sandbox for a deployment config; backends are imported lazily so optional SDKs stay optional."""
     if deployment.type == "local":
         from .local import LocalSandbox
 
         return LocalSandbox(deployment, env_variables, name=name)
+    if deployment.type in ("docker", "podman"):
+        from .container import ContainerSandbox
+
+        return ContainerSandbox(deployment, env_variables, name=name)
+    if deployment.type == "modal":
+        from .modal import ModalSandbox
+
+        return ModalSandbox(deployment, env_variables, name=name)
     raise ValueError(f"unknown deployment type {deployment.type!r}")
 
 

@@ -1,0 +1,322 @@
+"""The Modal backend: a Modal sandbox per rollout, through the `modal` SDK's async (`.aio`) API.
+
+start: the app is looked up once per process (`App.lookup(create_if_missing=True)`; this first call is also the
+credentials check, bounded so that a bad token fails in seconds, not after the SDK's ~57 s of retries) → wait for a
+starting slot (at most `max_starting` sandboxes of this process between create and their first answered command) and
+for the create rate (`creates_per_second`) → `Sandbox.create` from `Image.from_registry(image)` with the deployment's
+lifetime as Modal's `timeout`, so Modal ends the sandbox even if this process dies → install the shell protocol
+(container.py: fresh bash per command, state carried over, `timeout -s KILL` inside) → upload the task repository when
+the config names one → a probe command. All of it within `startup_timeout`.
+
+Errors: transient ones (connection, rate limit, internal, timeouts) become SandboxStartError, which the agent loop's
+tenacity retries; the rest (auth, invalid arguments) are SandboxError and fail at once. `close()` terminates the
+sandbox on every path, retrying transient failures; if the create call itself was interrupted (cancelled, timed out,
+connection lost), the sandbox is found by its unique name and terminated. Modal cannot be reached from the project's
+machines: the tests run this module against a fake `modal` module that checks every call against the real SDK's
+signatures (tests/test_sandbox_modal.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ..config import ModalDeploymentConfig
+from .base import ExecResult, SandboxError, SandboxStartError
+from .container import (
+    HOST_GRACE_S,
+    LABEL,
+    STAGE_ARGV,
+    archive_tree,
+    kill_argv,
+    killed_at_timeout,
+    launch_argv,
+    needs_staging,
+    sandbox_name,
+    shell_setup,
+)
+from .limiter import start_limits
+from .local import CAPTURE_LIMIT_BYTES, prepare_base_repo, resolve_repo
+
+log = structlog.get_logger("uni_agent.sandbox")
+
+APP_LOOKUP_TIMEOUT_S = 30.0
+"""The first SDK call of the process; with a wrong token or no route to Modal it would otherwise retry ~57 s."""
+TERMINATE_TIMEOUT_S = 60.0
+TERMINATE_ATTEMPTS = 3
+TRANSIENT_ERRORS = ("ConnectionError", "InternalFailure", "InternalError", "ResourceExhaustedError", "TimeoutError",
+                    "ServiceError", "ImageBuildError")
+
+_apps: dict[tuple[str, str | None], Any] = {}
+_apps_lock = threading.Lock()
+_proxy_lock = threading.Lock()
+
+
+def import_modal() -> Any:
+    try:
+        import modal
+    except ImportError:
+        raise SandboxError("the modal deployment needs the modal SDK: pip install 'uni-agent[modal]'") from None
+    return modal
+
+
+def is_transient(modal: Any, exc: BaseException) -> bool:
+    classes = tuple(c for n in TRANSIENT_ERRORS if isinstance(c := getattr(modal.exception, n, None), type))
+    return isinstance(exc, classes + (OSError, TimeoutError))
+
+
+def apply_proxy(proxy: str | None) -> None:
+    """The SDK reads HTTPS_PROXY when it opens its connection (once per process): set it before the first call."""
+    if not proxy:
+        return
+    if importlib.util.find_spec("python_socks") is None:
+        raise SandboxError("a Modal proxy needs python-socks: pip install 'uni-agent[modal]' "
+                           "(it brings modal[api-proxy-support])")
+    with _proxy_lock:
+        current = {os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy")} - {None}
+        if current and current != {proxy}:
+            raise SandboxError(f"HTTPS_PROXY is already set to {sorted(current)} in this process; Modal takes one "
+                               f"proxy per process, not {proxy!r}")
+        os.environ["HTTPS_PROXY"] = proxy
+        os.environ["https_proxy"] = proxy
+
+
+async def lookup_app(modal: Any, name: str, environment_name: str | None) -> Any:
+    """The app (cached per process). Doubles as the credentials check, with a clear error and a short bound."""
+    key = (name, environment_name)
+    with _apps_lock:
+        if key in _apps:
+            return _apps[key]
+    try:
+        async with asyncio.timeout(APP_LOOKUP_TIMEOUT_S):
+            app = await modal.App.lookup.aio(name, create_if_missing=True, environment_name=environment_name)
+    except TimeoutError:
+        raise SandboxError(
+            f"Modal did not answer within {APP_LOOKUP_TIMEOUT_S:g}s: check the token (MODAL_TOKEN_ID / "
+            "MODAL_TOKEN_SECRET or ~/.modal.toml), the network and the deployment's `proxy`") from None
+    except modal.exception.AuthError as exc:
+        raise SandboxError(f"Modal credentials are missing or rejected: set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET "
+                           f"(or run `modal token new`). The SDK said: {exc}") from None
+    except modal.exception.Error as exc:
+        if is_transient(modal, exc):
+            raise SandboxStartError(f"Modal app lookup failed: {type(exc).__name__}: {exc}") from exc
+        raise SandboxError(f"Modal app lookup failed: {type(exc).__name__}: {exc}") from exc
+    with _apps_lock:
+        _apps.setdefault(key, app)
+    return app
+
+
+class ModalSandbox:
+    def __init__(self, config: ModalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
+        if not config.image:
+            raise SandboxError("modal deployment needs `image` (a registry image, e.g. python:3.11)")
+        self.config = config
+        self.workdir = config.workdir
+        self.env_variables = dict(env_variables or {})
+        self.name = sandbox_name(name)
+        self.sandbox_id: str | None = None
+        self._modal: Any = None
+        self._sandbox: Any = None
+        self._create_sent = False  # Sandbox.create was called: a sandbox may exist even if the call never returned
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} was closed")
+        config = self.config
+        modal = self._modal = import_modal()
+        apply_proxy(config.proxy)
+        limits = start_limits(("modal", config.app_name), config.max_starting, config.creates_per_second)
+        started = time.monotonic()
+        async with limits.cap.slot():
+            try:
+                async with asyncio.timeout(config.startup_timeout):
+                    app = await lookup_app(modal, config.app_name, config.environment_name)
+                    assert limits.rate is not None
+                    await limits.rate.wait()
+                    await self._create(modal, app)
+                    await self._setup()
+            except TimeoutError:
+                raise SandboxStartError(f"Modal sandbox {self.name} did not start within "
+                                        f"startup_timeout={config.startup_timeout:g}s") from None
+            except modal.exception.Error as exc:
+                kind = SandboxStartError if is_transient(modal, exc) else SandboxError
+                raise kind(f"Modal sandbox {self.name} failed to start: {type(exc).__name__}: {exc}") from exc
+        log.debug("modal_sandbox_started", name=self.name, sandbox_id=self.sandbox_id,
+                  seconds=round(time.monotonic() - started, 3))
+
+    async def _create(self, modal: Any, app: Any) -> None:
+        config = self.config
+        image_kwargs = {"add_python": config.add_python} if config.add_python else {}
+        image = modal.Image.from_registry(config.image, **image_kwargs)
+        kwargs: dict[str, Any] = dict(config.modal_sandbox_kwargs)
+        if config.cpu is not None:
+            kwargs["cpu"] = config.cpu
+        if config.memory is not None:
+            kwargs["memory"] = config.memory
+        self._create_sent = True
+        self._sandbox = await modal.Sandbox.create.aio(
+            "sleep", "infinity",
+            app=app, name=self.name, tags={LABEL: "1"}, image=image,
+            timeout=math.ceil(config.deployment_timeout), workdir=config.workdir,
+            block_network=config.block_network, **kwargs,
+        )
+        self.sandbox_id = getattr(self._sandbox, "object_id", None)
+
+    async def _setup(self) -> None:
+        try:
+            await self._setup_shell_and_repo()
+        except SandboxStartError:
+            raise
+        except SandboxError as exc:  # a transport failure while setting up: start over with a fresh sandbox
+            raise SandboxStartError(str(exc)) from exc
+
+    async def _setup_shell_and_repo(self) -> None:
+        argv, archive = shell_setup(self.workdir, self.env_variables)
+        rc, out, err, _ = await self._run(argv, archive, timeout=self.config.startup_timeout)
+        if rc != 0:
+            raise SandboxStartError(f"could not set up the shell in Modal sandbox {self.name} (exit {rc}): "
+                                    f"{(out + err).decode('utf-8', 'replace')[-2000:]}")
+        if self.config.repo is not None:
+            base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+            data = await asyncio.to_thread(archive_tree, base)
+            rc, out, err, _ = await self._run(["/bin/sh", "-c", f"tar -C {self.workdir} -xf -"], data,
+                                              timeout=self.config.startup_timeout)
+            if rc != 0:
+                raise SandboxStartError(f"could not upload the repository: {(out + err).decode('utf-8', 'replace')}")
+        probe = await self.exec("true", timeout=max(1.0, self.config.startup_timeout))
+        if probe.exit_code != 0:
+            raise SandboxStartError(f"Modal sandbox {self.name} does not run commands: exit {probe.exit_code}: "
+                                    f"{probe.output.strip()[-2000:]}")
+
+    async def close(self) -> None:
+        """Terminate the sandbox. Safe to call twice, after a failed or cancelled start, and while cancelled."""
+        self._closed = True
+        sandbox, self._sandbox = self._sandbox, None
+        create_sent, self._create_sent = self._create_sent, False
+        if not create_sent:
+            return
+        task = asyncio.ensure_future(self._terminate(sandbox))
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)  # a second cancellation does not stop the termination
+
+    async def _terminate(self, sandbox: Any) -> None:
+        modal = self._modal
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda exc: is_transient(modal, exc)),
+            stop=stop_after_attempt(TERMINATE_ATTEMPTS), wait=wait_exponential_jitter(multiplier=0.5, max=5),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    async with asyncio.timeout(TERMINATE_TIMEOUT_S):
+                        if sandbox is None:  # the create call never returned: find it by its unique name
+                            sandbox = await self._find_by_name(modal)
+                            if sandbox is None:
+                                return
+                        await sandbox.terminate.aio()
+        except Exception as exc:  # logged loudly: a leaked sandbox counts against the account until its timeout
+            log.error("modal_sandbox_not_terminated", name=self.name, sandbox_id=self.sandbox_id,
+                      error=f"{type(exc).__name__}: {exc}")
+
+    async def _find_by_name(self, modal: Any) -> Any:
+        try:
+            return await modal.Sandbox.from_name.aio(self.config.app_name, self.name,
+                                                     environment_name=self.config.environment_name)
+        except modal.exception.NotFoundError:
+            return None
+
+    async def __aenter__(self) -> ModalSandbox:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- commands ----------------------------------------------------------------------------------------------
+    async def exec(
+        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
+    ) -> ExecResult:
+        if self._sandbox is None:
+            raise SandboxError(f"sandbox {self.name} is not running")
+        timeout = min(timeout, self.config.runtime_timeout)
+        async with self._lock:  # one command at a time: they share the command file and the shell state
+            if needs_staging(command):
+                staged, *_ = await self._run(STAGE_ARGV, command.encode(), timeout=60)
+                if staged != 0:
+                    raise SandboxError(f"could not pass a {len(command)}-character command to {self.name}")
+            started = time.monotonic()
+            rc, out, err, dropped = await self._run(launch_argv(command, timeout, merge_stderr), stdin, timeout)
+        duration = time.monotonic() - started
+        timed_out = rc is None or rc == -1 or killed_at_timeout(rc, duration, timeout)
+        return ExecResult(stdout=out, stderr=err, exit_code=None if timed_out else rc, timed_out=timed_out,
+                          duration_s=duration, truncated_bytes=dropped)
+
+    async def _run(self, argv: list[str], stdin: bytes | None, timeout: float
+                   ) -> tuple[int | None, bytes, bytes, int]:
+        """Run argv in the sandbox: (exit code or None when the host had to kill it, stdout, stderr, dropped)."""
+        modal, sandbox = self._modal, self._sandbox
+        if sandbox is None:
+            raise SandboxError(f"sandbox {self.name} is not running")
+        try:
+            proc = await sandbox.exec.aio(*argv, timeout=math.ceil(timeout + HOST_GRACE_S), text=False)
+
+            async def feed() -> None:
+                if stdin:
+                    proc.stdin.write(stdin)
+                proc.stdin.write_eof()  # a command that reads stdin sees EOF, as with the other backends
+                await proc.stdin.drain.aio()
+
+            async def collect() -> tuple[int, bytes, bytes, int]:
+                (out, d1), (err, d2), _ = await asyncio.gather(_read(proc.stdout), _read(proc.stderr), feed())
+                return await proc.wait.aio(), out, err, d1 + d2
+
+            try:
+                return await asyncio.wait_for(collect(), timeout + 2 * HOST_GRACE_S)
+            except TimeoutError:  # neither the in-sandbox timeout nor Modal's exec timeout ended it
+                await self._kill_running_command()
+                return None, b"", b"", 0
+            except BaseException:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(self._kill_running_command())
+                raise
+        except modal.exception.Error as exc:  # the sandbox or the connection to it failed, not the command
+            raise SandboxError(f"Modal sandbox {self.name}: {type(exc).__name__}: {exc}") from exc
+
+    async def _kill_running_command(self) -> None:
+        sandbox = self._sandbox
+        if sandbox is None:
+            return
+        async with asyncio.timeout(30):
+            proc = await sandbox.exec.aio(*kill_argv(), timeout=30, text=False)
+            proc.stdin.write_eof()
+            await proc.stdin.drain.aio()
+            await proc.wait.aio()
+
+
+async def _read(stream: Any) -> tuple[bytes, int]:
+    kept = bytearray()
+    dropped = 0
+    async for chunk in stream:
+        if isinstance(chunk, str):
+            chunk = chunk.encode()
+        room = CAPTURE_LIMIT_BYTES - len(kept)
+        kept += chunk[:room]
+        dropped += max(0, len(chunk) - room)
+    return bytes(kept), dropped
