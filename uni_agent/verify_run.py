@@ -1,25 +1,34 @@
 """Grade a fixed patch (each task's gold patch, or an empty one) for every row, in parallel as Dask futures.
 
-A sanity check of the tasks and the grader: gold should resolve every task, empty none. No LLM is involved."""
+A sanity check of the tasks and the grader: gold should resolve every task, empty none. No LLM is involved.
+
+Results go to <output_dir>/verify_<patch>.parquet as they arrive (rewritten every few results), so a rerun with the
+same output dir resumes: instances already graded (resolved / wrong_answer) are kept and not run again; those that
+timed out or errored are run again, as the official harness reruns instances that left no report."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+from distributed import as_completed
 
 from .config import AgentConfigs, ConfigError
 from .dataset import build_specs
-from .runner import RunOutcome, _cluster_client, _load_rows, _sandbox_workers, resolve_path
+from .runner import RunOutcome, _cluster_client, _load_rows, _sandbox_workers, resolve_path, verification_placement
 from .settings import RunSettings, load_settings
-from .verify import verify_patch
+from .verify import Verification, verify_patch
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
+SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet
+COLUMNS = ("instance_id", "patch_kind", "bucket", "status", "reward", "patch_applied", "verify_s", "error",
+           "verification")
 
 
 def _bucket(status: str) -> str:
@@ -47,24 +56,36 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
         print(f"skipped: {problem.error}", file=sys.stderr)
     if not specs:
         raise ConfigError(f"{source}: no valid rows to verify")
-    records = []
-    async with _cluster_client(settings, None) as client:
-        workers = await _sandbox_workers(client)
-        futures = {
-            spec.instance_id: client.submit(
-                verify_patch, spec.agent, spec.agent.reward.metadata["patch"] if patch == "gold" else "",
-                f"{spec.instance_id}-{patch}", pure=False, resources={"SANDBOX": 1} if workers else None)
-            for spec in specs
-        }
-        for instance_id, future in futures.items():
-            outcome = await future
-            records.append({"instance_id": instance_id, "patch_kind": patch, "bucket": _bucket(outcome.status),
-                            "status": outcome.status, "reward": outcome.reward, "patch_applied": outcome.patch_applied,
-                            "verify_s": outcome.seconds, "error": outcome.error,
-                            "verification": outcome.to_json()})
-    results = pd.DataFrame.from_records(records)
+    path = output_dir / f"verify_{patch}.parquet"
+    records = _graded_before(path, {spec.instance_id for spec in specs})
+    todo = [spec for spec in specs if spec.instance_id not in records]
+    if records:
+        print(f"resuming: {len(records)} instances already graded in {path}, {len(todo)} to run", file=sys.stderr)
     output_dir.mkdir(parents=True, exist_ok=True)
-    results.to_parquet(output_dir / f"verify_{patch}.parquet", index=False)
+    if todo:
+        async with _cluster_client(settings, None) as client:
+            placement = await verification_placement(client, await _sandbox_workers(client))
+            futures = {
+                client.submit(
+                    verify_patch, spec.agent, spec.agent.reward.metadata["patch"] if patch == "gold" else "",
+                    f"{spec.instance_id}-{patch}", pure=False, **placement,
+                ): spec.instance_id
+                for spec in todo
+            }
+            unsaved = 0
+            async for future in as_completed(futures):
+                instance_id = futures[future]
+                try:
+                    outcome = await future
+                except Exception as exc:  # the worker died or the task was lost: an error, not a crash of the run
+                    outcome = Verification(status="error", error=f"{type(exc).__name__}: {exc}")
+                records[instance_id] = _record(instance_id, patch, outcome)
+                unsaved += 1
+                if unsaved >= SAVE_EVERY:
+                    _save(records, path)
+                    unsaved = 0
+    order = {spec.instance_id: i for i, spec in enumerate(specs)}
+    results = _save(records, path, order)
     counts = results["bucket"].value_counts()
     summary = {
         "num_tasks": len(specs), "n": 1, "num_rollouts": len(results), "patch": patch,
@@ -75,3 +96,33 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunOutcome(results, summary, problems)
+
+
+def _record(instance_id: str, patch: str, outcome: Verification) -> dict[str, Any]:
+    return dict(zip(COLUMNS, (instance_id, patch, _bucket(outcome.status), outcome.status, outcome.reward,
+                              outcome.patch_applied, outcome.seconds, outcome.error, outcome.to_json()), strict=True))
+
+
+def _graded_before(path: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
+    """Records of a previous run of this output dir that need no rerun (graded, and still in the data)."""
+    if not path.exists():
+        return {}
+    try:
+        previous = pd.read_parquet(path)
+    except Exception as exc:  # an unreadable file is redone from scratch, but said so
+        print(f"warning: cannot read {path} ({exc}); verifying every instance again", file=sys.stderr)
+        return {}
+    keep = previous[previous["instance_id"].isin(wanted) & (previous["bucket"] != "timeout_or_error")]
+    return {r["instance_id"]: r for r in keep.to_dict("records")}
+
+
+def _save(records: dict[str, dict[str, Any]], path: Path, order: dict[str, int] | None = None) -> pd.DataFrame:
+    """Write all records so far atomically (temp file, then rename): a crash never leaves a torn file."""
+    rows = list(records.values())
+    if order is not None:
+        rows.sort(key=lambda r: order.get(r["instance_id"], len(order)))
+    results = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+    tmp = path.with_name(f".{path.name}.tmp")
+    results.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return results

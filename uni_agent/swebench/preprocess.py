@@ -1,0 +1,278 @@
+"""SWE-bench Verified → dataset rows in the seed schema, one Parquet file per deployment.
+
+    python examples/data_preprocess/swe_bench_verified.py --local-save-dir data/ --input swe_bench_verified.parquet
+
+The input is the official dataset: by its hub name (needs the network and the `datasets` package, which the
+`swebench` extra installs) or a local Parquet / JSONL / JSON file with the official fields. Each row becomes:
+
+- `prompt`: our system and user messages (the repository at /testbed, the issue, finish with `submit`);
+- `agent_name`: `swe_agent` (must match a `name` in the agent config YAML);
+- `extra_info.tools_kwargs.env.deployment`: `type` and the instance image for the deployment (see
+  `spec.image_name`); `local` has no image: a bubblewrap sandbox runs on this machine's filesystem, so the
+  repository at `base_commit` and its test environment must already be here (`--local-repos DIR` points each row at
+  `DIR/<instance_id>`). That is for debugging; official grading needs the official images.
+- `extra_info.tools_kwargs.reward`: `{name: swe_bench, metadata: <the official fields>}`;
+- `data_source`, `instance_id`.
+
+A malformed input row is reported with its index and instance_id and left out; the other rows are written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..config import ConfigError
+from .spec import DEPLOYMENTS, REQUIRED_FIELDS, WORKDIR, image_name, repo_spec, test_files, test_list
+
+HUB_NAME = "princeton-nlp/SWE-bench_Verified"
+DATA_SOURCE = "swe_bench_verified"
+# The official fields kept in reward.metadata, all as strings (FAIL_TO_PASS / PASS_TO_PASS as JSON strings, as
+# in the official dataset), so every row has the same Parquet type. Optional ones default to "".
+INPUT_FIELDS = REQUIRED_FIELDS + ("patch", "problem_statement")  # the prompt and gold verification need these too
+OPTIONAL_FIELDS = ("hints_text", "created_at", "environment_setup_commit", "difficulty")
+METADATA_FIELDS = INPUT_FIELDS + OPTIONAL_FIELDS
+
+SYSTEM_PROMPT = (
+    "You are an expert software engineer. You work in a Linux sandbox through the tools you are given, "
+    "one step at a time, and you check the effect of each change you make."
+)
+
+USER_PROMPT = """The Python repository {repo} is checked out at {workdir}, with its dependencies installed.
+A user reported this issue:
+
+<issue>
+{problem_statement}
+</issue>
+
+Fix the issue by changing the non-test source files under {workdir}. Tests for the issue already exist and are
+hidden from you; do not modify existing tests. A good way to work:
+1. Find the code involved (`execute_bash` with grep, find, ls; `str_replace_editor` with `view`).
+2. Reproduce the problem with a short script in /tmp (outside the repository) run with `execute_bash`.
+3. Make the smallest correct change with `str_replace_editor`.
+4. Run your script again, and the existing tests closest to your change, to confirm the fix and that nothing broke.
+5. Think about edge cases the fix must also handle.
+When you are done, call `submit`. Your changes to {workdir} are your answer."""
+
+
+@dataclass
+class RowProblem:
+    index: int
+    instance_id: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"row {self.index} (instance_id={self.instance_id}): {self.error}"
+
+
+def read_instances(path: str | Path | None, hub_name: str = HUB_NAME, split: str = "test") -> list[Any]:
+    """Input rows from a local .parquet / .jsonl / .json file, or from the hub when no path is given."""
+    if path is None:
+        return _from_hub(hub_name, split)
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{path}: input file not found")
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix in (".jsonl", ".ndjson"):
+        rows = []
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{number}: not valid JSON: {exc}") from None
+        return rows
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+        if isinstance(data, dict):  # {"test": [...]} / {"rows": [...]} / {"data": [...]}
+            lists = [v for k, v in data.items() if k in (split, "rows", "data") and isinstance(v, list)]
+            data = lists[0] if lists else None
+        if not isinstance(data, list):
+            raise ConfigError(f"{path}: expected a JSON list of instances")
+        return data
+    raise ConfigError(f"{path}: unsupported input format {suffix or '(none)'}; use .parquet, .jsonl or .json")
+
+
+def _from_hub(hub_name: str, split: str) -> list[Any]:
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise ConfigError(f"reading {hub_name} from the Hugging Face hub needs the `datasets` package (pip install "
+                          "'uni-agent[swebench]'); or pass --input FILE (.parquet, .jsonl or .json)") from None
+    try:
+        return list(load_dataset(hub_name, split=split))
+    except Exception as exc:  # offline, unknown name, auth: all end the same way for the user
+        raise ConfigError(f"could not load {hub_name} (split {split}) from the Hugging Face hub: "
+                          f"{type(exc).__name__}: {exc}. Without network access, download the dataset elsewhere "
+                          "(e.g. its Parquet file) and pass --input FILE (.parquet, .jsonl or .json)") from None
+
+
+def normalize_instance(raw: Any) -> dict[str, str]:
+    """The official fields of one input row, checked and as strings; ConfigError says what is wrong."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"expected a mapping of fields, got {type(raw).__name__}")
+    missing = [f for f in INPUT_FIELDS if raw.get(f) is None]
+    if missing:
+        raise ConfigError(f"missing fields {missing}")
+    out: dict[str, str] = {}
+    for name in ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"):
+        if not isinstance(raw[name], str) or not raw[name].strip():
+            raise ConfigError(f"{name} must be a non-empty string")
+        out[name] = raw[name]
+    version = raw["version"]
+    if isinstance(version, (int, float)) and not isinstance(version, bool):
+        version = str(version)  # a JSON number; "0.20" read as 0.2 will then fail the version check below
+    if not isinstance(version, str):
+        raise ConfigError("version must be a string such as '3.0'")
+    out["version"] = version
+    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        out[name] = json.dumps(test_list(raw[name], name))
+    if not json.loads(out["FAIL_TO_PASS"]):
+        raise ConfigError("FAIL_TO_PASS is empty: there is nothing to grade")
+    for name in OPTIONAL_FIELDS:
+        value = raw.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got {type(value).__name__}")
+        out[name] = value or ""
+    image_name(out["instance_id"], "docker")  # <org>__<repo>-<n>
+    repo_spec(out)  # the swebench package knows this repo and version
+    files = test_files(out["test_patch"])
+    if not files.modified and not files.added:
+        raise ConfigError("test_patch is not a unified diff touching any file")
+    return out
+
+
+def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str = "swe_agent",
+                    local_repos: str | Path | None = None, image_registry: str | None = None) -> dict[str, Any]:
+    image = image_name(instance["instance_id"], deployment, image_registry)
+    target: dict[str, Any] = {"type": deployment}
+    if image is not None:
+        target["image"] = image
+    else:  # local: no image; the repository must be on this machine (see the module docstring)
+        target["workdir"] = WORKDIR
+        if local_repos is not None:
+            target["repo"] = str(Path(local_repos).expanduser().resolve() / instance["instance_id"])
+    user = USER_PROMPT.format(repo=instance["repo"], workdir=WORKDIR,
+                              problem_statement=instance["problem_statement"].strip())
+    return {
+        "data_source": DATA_SOURCE,
+        "instance_id": instance["instance_id"],
+        "agent_name": agent_name,
+        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
+        "extra_info": {
+            "instance_id": instance["instance_id"],
+            "tools_kwargs": {
+                "env": {"deployment": target, "post_setup_cmd": ""},
+                "reward": {"name": "swe_bench", "metadata": {k: instance[k] for k in METADATA_FIELDS}},
+            },
+        },
+    }
+
+
+def build_rows(raw_rows: Iterable[Any], deployment: str, max_instances: int | None = None,
+               agent_name: str = "swe_agent", local_repos: str | Path | None = None,
+               image_registry: str | None = None) -> tuple[list[dict[str, Any]], list[RowProblem]]:
+    """Rows for the valid instances (at most `max_instances`), and the problems of the invalid ones."""
+    if deployment not in DEPLOYMENTS:
+        raise ConfigError(f"unknown deployment {deployment!r}; choose one of {', '.join(DEPLOYMENTS)}")
+    rows: list[dict[str, Any]] = []
+    problems: list[RowProblem] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_rows):
+        if max_instances is not None and len(rows) >= max_instances:
+            break
+        instance_id = str(raw.get("instance_id")) if isinstance(raw, dict) else "?"
+        try:
+            instance = normalize_instance(raw)
+            if instance["instance_id"] in seen:
+                raise ConfigError("duplicate instance_id")
+        except ConfigError as exc:
+            problems.append(RowProblem(index, instance_id, str(exc)))
+            continue
+        seen.add(instance["instance_id"])
+        rows.append(instance_to_row(instance, deployment, agent_name, local_repos, image_registry))
+    return rows, problems
+
+
+def output_path(save_dir: str | Path, deployment: str) -> Path:
+    return Path(save_dir).expanduser() / f"swe_bench_verified_{deployment}.parquet"
+
+
+def preprocess(save_dir: str | Path, input_path: str | Path | None = None, deployment: str | None = None,
+               max_instances: int | None = None, hub_name: str = HUB_NAME, split: str = "test",
+               agent_name: str = "swe_agent", local_repos: str | Path | None = None,
+               image_registry: str | None = None) -> tuple[Path, int, list[RowProblem]]:
+    """Write DIR/swe_bench_verified_<deployment>.parquet; returns (path, rows written, problems)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    deployment = deployment or os.environ.get("DEPLOYMENT") or "modal"
+    if deployment not in DEPLOYMENTS:
+        raise ConfigError(f"unknown deployment {deployment!r}; choose one of {', '.join(DEPLOYMENTS)}")
+    if max_instances is not None and max_instances < 0:
+        max_instances = None  # -1: all
+    rows, problems = build_rows(read_instances(input_path, hub_name, split), deployment, max_instances, agent_name,
+                                local_repos, image_registry)
+    if not rows:
+        raise ConfigError(f"no valid instances in {input_path or hub_name}: "
+                          + ("; ".join(map(str, problems[:5])) or "the input is empty"))
+    path = output_path(save_dir, deployment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, path)
+    return path, len(rows), problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `preprocess-swe` command (also examples/data_preprocess/swe_bench_verified.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="swe_bench_verified.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--local-save-dir", default="~/data/swe_agent",
+                        help="where swe_bench_verified_<deployment>.parquet is written (default: ~/data/swe_agent)")
+    parser.add_argument("--input", help="a local .parquet/.jsonl/.json file with the official fields "
+                                        f"(default: {HUB_NAME} from the Hugging Face hub)")
+    parser.add_argument("--deployment", choices=DEPLOYMENTS,
+                        help="image naming: modal, docker, podman, vefaas or local (default: $DEPLOYMENT, else modal)")
+    parser.add_argument("--max-instances", type=int, help="write at most K instances (the first K valid ones)")
+    parser.add_argument("--dataset-name", default=HUB_NAME, help="the hub name used when --input is not given")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--agent-name", default="swe_agent", help="agent_name of every row")
+    parser.add_argument("--local-repos", help="deployment local: DIR/<instance_id> holds each repository")
+    parser.add_argument("--image-registry", help="put a registry in front of the image name (modal/docker/podman), "
+                                                 "e.g. docker.io for podman without unqualified-search registries")
+
+
+def run_cli(args: Any) -> int:
+    try:
+        path, count, problems = preprocess(
+            args.local_save_dir, args.input, args.deployment, args.max_instances, args.dataset_name, args.split,
+            args.agent_name, args.local_repos, args.image_registry)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(f"skipped malformed {problem}", file=sys.stderr)
+    print(f"wrote {count} instances to {path}" + (f" ({len(problems)} malformed rows skipped)" if problems else ""))
+    return 0
+
+
+if __name__ == "__main__":  # python -m uni_agent.swebench.preprocess ...
+    sys.exit(main())
