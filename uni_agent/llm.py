@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 
 class LLMError(RuntimeError):
@@ -16,6 +16,10 @@ class LLMError(RuntimeError):
 
 class TransientLLMError(LLMError):
     """Worth retrying: 429/5xx, a timeout, a dropped connection, a garbled or empty answer."""
+
+
+class EndpointDownError(TransientLLMError):
+    """Nothing accepts connections at the endpoint: its server is down (or not up yet)."""
 
 
 class ContextLimitError(LLMError):
@@ -46,13 +50,17 @@ class ChatClient:
         timeout: float = 600,
         max_attempts: int = 5,
         sampling: dict[str, Any] | None = None,
+        retry_unreachable: bool = True,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_attempts = max_attempts
+        self.retry_unreachable = retry_unreachable  # False when a router can send the request to another replica
         self.sampling = dict(sampling or {})
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
+        # A dead host should not take the whole request timeout to notice: connecting gets at most 30 s.
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
+                                       timeout=httpx.Timeout(timeout, connect=min(timeout, 30)))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -68,9 +76,9 @@ class ChatClient:
         if response_format:
             body["response_format"] = response_format
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(TransientLLMError),
+            retry=retry_if_exception(self._worth_retrying),
             stop=stop_after_attempt(self.max_attempts),
-            wait=wait_exponential_jitter(initial=1, max=30),
+            wait=wait_exponential_jitter(multiplier=1, max=30),
             reraise=True,
         )
         async for attempt in retrying:
@@ -78,10 +86,15 @@ class ChatClient:
                 return await self._post(body)
         raise AssertionError("unreachable")
 
+    def _worth_retrying(self, exc: BaseException) -> bool:
+        return isinstance(exc, TransientLLMError) and (self.retry_unreachable or not isinstance(exc, EndpointDownError))
+
     async def _post(self, body: dict[str, Any]) -> ChatReply:
         started = time.monotonic()
         try:
             response = await self._http.post("/chat/completions", json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EndpointDownError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             raise TransientLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         latency = time.monotonic() - started

@@ -25,8 +25,10 @@ import structlog
 from distributed import Client, LocalCluster
 
 from .config import AgentConfigs, ConfigError
+from .dashboard import UniAgentDashboard, page_url
 from .dataset import RowProblem, build_specs, read_rows
 from .engines import start_engines
+from .events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
 from .logs import configure_logging
 from .redact import redact, register_secret
 from .results import ResultStore
@@ -151,19 +153,36 @@ async def _cluster_client(settings: RunSettings, scheduler_address: str | None) 
     if address or settings.scheduler_file:
         kwargs = {"address": address} if address else {"scheduler_file": settings.scheduler_file}
         async with Client(asynchronous=True, **kwargs) as client:
+            from .placement import wait_for_workers  # SLURM jobs may still be queued
+
+            await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
+                                   gpus=settings.nnodes * settings.n_gpus_per_node if settings.engine == "vllm" else 0)
             yield client
         return
-    async with LocalCluster(
-        n_workers=settings.n_workers, threads_per_worker=settings.threads_per_worker, processes=True,
-        asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
-        resources={"SANDBOX": 1024},
-    ) as cluster, Client(cluster, asynchronous=True) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        cluster = await stack.enter_async_context(LocalCluster(
+            n_workers=settings.n_workers, threads_per_worker=settings.threads_per_worker, processes=True,
+            asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
+            resources={"SANDBOX": 1024},
+        ))
+        if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
+            from distributed import Nanny
+
+            await stack.enter_async_context(Nanny(
+                cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", dashboard_address=":0",
+                resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
+        client = await stack.enter_async_context(Client(cluster, asynchronous=True))
         print(f"dask dashboard: {client.dashboard_link}", file=sys.stderr)
+        print(f"uni-agent page: {page_url(client.dashboard_link)}", file=sys.stderr)
         yield client
 
 
 async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
                         log_dir: Path) -> None:
+    try:  # the live page and metrics (a no-op when the scheduler has them); not worth failing a run for
+        await client.register_plugin(UniAgentDashboard())
+    except Exception as exc:
+        log.warning("dashboard_not_registered", error=repr(exc))
     engines = await start_engines(client, settings, str(log_dir))
     actors: list[Any] = []
     actor_futures: list[Any] = []  # an actor lives only while its future is referenced
@@ -178,7 +197,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
             )
             actor_futures.append(future)
             actors.append(await future)
-        dispatcher = _Dispatcher(client, actors, store, settings, workers)
+        dispatcher = _Dispatcher(client, actors, store, settings, await verification_placement(client, workers))
         await dispatcher.run(todo)
     finally:
         for actor in actors:
@@ -187,26 +206,49 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
         await engines.stop()
 
 
-async def _sandbox_workers(client: Client) -> list[str]:
-    """Workers that declare a SANDBOX resource, or every worker when none does."""
+async def _sandbox_workers(client: Client, gpu_resource: str = "GPU") -> list[str]:
+    """Workers that declare a SANDBOX resource; when none does, every worker that declares no GPUs. Agents and
+    sandboxes go to a GPU worker only when it also declares SANDBOX (`--resources GPU=8,SANDBOX=32`)."""
     info = (await client.scheduler.identity(n_workers=-1))["workers"]
     tagged = sorted(addr for addr, w in info.items() if "SANDBOX" in (w.get("resources") or {}))
-    return tagged or sorted(info)
+    untagged = sorted(addr for addr, w in info.items() if gpu_resource not in (w.get("resources") or {}))
+    if tagged or untagged:
+        return tagged or untagged
+    raise RuntimeError(f"no dask worker can take agents and sandboxes ({len(info)} connected, all GPU workers): "
+                       "start CPU workers with `dask worker --resources SANDBOX=N` (or declare SANDBOX=N on GPU workers)")
+
+
+async def verification_placement(client: Client, workers: list[str]) -> dict[str, Any]:
+    """Where verification futures go: by the SANDBOX resource where workers declare it (which also caps how many run
+    at once per worker), else pinned to the sandbox workers. Asking for a resource no worker has would wait forever."""
+    info = (await client.scheduler.identity(n_workers=-1))["workers"]
+    if any("SANDBOX" in (info[addr].get("resources") or {}) for addr in workers if addr in info):
+        return {"resources": {"SANDBOX": 1}}
+    return {"workers": workers, "allow_other_workers": False}
 
 
 class _Dispatcher:
     """Feeds rollouts to the least-busy agent worker, bounded by each agent's `concurrency`."""
 
     def __init__(self, client: Client, actors: list[Any], store: ResultStore, settings: RunSettings,
-                 workers: list[str]):
+                 placement: dict[str, Any]):
         self.client, self.actors, self.store, self.settings = client, actors, store, settings
         self.in_flight = [0] * len(actors)
         self.limits: dict[str, asyncio.Semaphore] = {}
-        self.sandbox_resources = {"SANDBOX": 1} if workers else None
+        self.placement = placement
         self.progress = _Progress(settings.progress)
+
+    async def _emit(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
+        try:
+            await self.client.log_event(TOPIC, rollout_event(spec.run_id, spec.instance_id, spec.rollout, state,
+                                                             **fields))
+        except Exception as exc:  # the dashboard is not worth a rollout
+            log.warning("event_dropped", error=repr(exc))
 
     async def run(self, todo: list[RolloutSpec]) -> None:
         self.progress.start(len(todo))
+        for spec in todo:
+            await self._emit(spec, "queued", max_turns=spec.agent.interaction.max_turns)
         try:
             await asyncio.gather(*(self._one(spec) for spec in todo))
         finally:
@@ -215,10 +257,13 @@ class _Dispatcher:
     async def _one(self, spec: RolloutSpec) -> None:
         limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
         async with limit:
+            self.progress.started()
             result = await self._rollout(spec)
-            if self.settings.verify and result.exit_reason != "error" or result.patch:
+            if self.settings.verify:
+                await self._emit(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
         self.store.add(result)
+        await self._emit(spec, "failed" if result.exit_reason == "error" else "done", **_final_fields(result))
         self.progress.update(result)
         log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
                  exit_reason=result.exit_reason)
@@ -240,11 +285,9 @@ class _Dispatcher:
                              exit_reason="error", error=f"agent worker failed: {last_error}")
 
     async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
-        if not self.settings.verify:
-            return
         future = self.client.submit(
             verify_patch, spec.agent, result.patch, f"{spec.instance_id}-r{spec.rollout}-verify",
-            pure=False, resources=self.sandbox_resources, key=f"verify-{spec.instance_id}-r{spec.rollout}-"
+            pure=False, **self.placement, key=f"verify-{spec.instance_id}-r{spec.rollout}-"
             f"{uuid.uuid4().hex[:6]}",
         )
         try:
@@ -258,11 +301,24 @@ class _Dispatcher:
             result.error = f"verification {verification.status}: {verification.error}"
 
 
+def _final_fields(result: RolloutResult) -> dict[str, Any]:
+    """What the dashboard shows of a finished rollout (the trajectory clipped; the full one is in Parquet)."""
+    fields = {k: getattr(result, k) for k in (
+        "reward", "resolved", "exit_reason", "num_turns", "prompt_tokens", "completion_tokens", "sandbox_start_s",
+        "llm_s", "tools_s", "verify_s", "total_s", "worker", "error")}
+    fields["error_kind"] = result.error.split(":", 1)[0] if result.error else None
+    fields["messages"] = result.messages[:MAX_TRAJECTORY_CHARS]
+    fields["verification"] = result.verification[:MAX_TRAJECTORY_CHARS]
+    return fields
+
+
 class _Progress:
+    """The terminal line: done/total, ETA and rate (tqdm), plus rollouts running now, mean reward so far, errors."""
+
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar: Any = None
-        self.done = self.errors = 0
+        self.done = self.errors = self.running = 0
         self.reward_sum = 0.0
 
     def start(self, total: int) -> None:
@@ -271,13 +327,23 @@ class _Progress:
 
             self.bar = tqdm(total=total, unit="rollout", file=sys.stderr, dynamic_ncols=True)
 
+    def started(self) -> None:
+        self.running += 1
+        self._show()
+
     def update(self, result: RolloutResult) -> None:
+        self.running -= 1
         self.done += 1
         self.reward_sum += result.reward
         self.errors += result.exit_reason == "error"
         if self.bar is not None:
-            self.bar.set_postfix(reward=f"{self.reward_sum / self.done:.3f}", errors=self.errors, refresh=False)
             self.bar.update(1)
+        self._show()
+
+    def _show(self) -> None:
+        if self.bar is not None:
+            reward = f"{self.reward_sum / self.done:.3f}" if self.done else "-"
+            self.bar.set_postfix(running=self.running, reward=reward, errors=self.errors)
 
     def close(self) -> None:
         if self.bar is not None:

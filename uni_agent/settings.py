@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from .config import ConfigError
@@ -42,6 +42,7 @@ class RunSettings(BaseSettings):
     threads_per_worker: int = 2
     num_workers: int = 2
     verify: bool = True
+    worker_wait_timeout: float = 300
 
     # LLM engine
     engine: Literal["llama_cpp", "external", "vllm"] = "llama_cpp"
@@ -60,6 +61,14 @@ class RunSettings(BaseSettings):
     nnodes: int = 1
     n_gpus_per_node: int = 8
     tp: int = 1
+    gpu_resource_name: str = "GPU"
+    vllm_executable: str = "vllm"
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int | None = None
+    tool_call_parser: str = "hermes"
+    vllm_extra_args: list[str] = Field(default_factory=list)
+    engine_restart_on_crash: bool = False
+    engine_max_restarts: int = 3
 
     # Output
     flush_every: int = 16

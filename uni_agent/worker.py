@@ -1,21 +1,28 @@
 """The agent worker: a lightweight Dask actor that runs many rollouts as async loops on its worker's event loop.
 
 Nothing here blocks: sandboxes are asyncio subprocesses and the LLM client is async. The driver decides how many
-rollouts each worker runs at once; this class picks the least-loaded engine replica for each new rollout, and the
-rollout keeps that replica for all its turns (one client per rollout call), which keeps the server's prefix cache warm.
+rollouts each worker runs at once; the Router picks the least-loaded engine replica for each new rollout, and the
+rollout keeps that replica for all its turns, which keeps the server's prefix cache warm, unless the replica dies.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
-from .llm import ChatClient
+import structlog
+
+from .events import worker_emitter
+from .llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from .logs import configure_logging
 from .redact import register_secret
 from .rollout import RolloutResult, RolloutSpec
+
+log = structlog.get_logger("uni_agent.worker")
 
 
 class AgentWorker:
@@ -26,20 +33,22 @@ class AgentWorker:
         register_secret(api_key)
         configure_logging(log_dir, "agent-worker", log_level)
         self.urls = list(urls)
-        self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling) for url in urls}
-        self.load = {url: 0 for url in urls}
+        # With several replicas a dead one is not waited for: its rollouts move on (Router).
+        self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling,
+                                        retry_unreachable=len(urls) == 1) for url in urls}
+        self.router = Router(self.clients, give_up_after=llm_timeout)
         self.in_flight = 0
         self.address = _worker_address()
+        self.emit = worker_emitter()
 
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
-        url = min(self.urls, key=self.load.__getitem__)
-        self.load[url] += 1
+        session = self.router.session()
         self.in_flight += 1
         try:
             loop_class = _import(spec.agent.target)
-            result: RolloutResult = await loop_class(spec.agent, self.clients[url]).run(spec, worker=self.address)
+            result: RolloutResult = await loop_class(spec.agent, session, self.emit).run(spec, worker=self.address)
         finally:
-            self.load[url] -= 1
+            session.close()
             self.in_flight -= 1
         if spec.agent.log_dir:
             _save_trajectory(spec.agent.log_dir, result)
@@ -48,6 +57,71 @@ class AgentWorker:
     async def close(self) -> None:
         for client in self.clients.values():
             await client.aclose()
+
+
+class Router:
+    """Engine replicas for the rollouts of one agent worker: a new rollout gets the least-loaded live replica and
+    keeps it for every turn (the server's prefix cache stays warm). A replica that stops accepting connections is
+    skipped for `down_for` seconds and the rollouts on it continue, conversation intact, on another replica."""
+
+    def __init__(self, clients: dict[str, ChatClient], *, down_for: float = 30, give_up_after: float = 600):
+        self.clients = clients
+        self.load = dict.fromkeys(clients, 0)
+        self.down_until: dict[str, float] = {}
+        self.down_for, self.give_up_after = down_for, give_up_after
+        self.failovers = 0
+
+    def pick(self) -> str:
+        """The least-loaded replica not marked down; when all are, the one whose mark ends first."""
+        now = time.monotonic()
+        live = [u for u in self.clients if self.down_until.get(u, 0) <= now]
+        if live:
+            return min(live, key=self.load.__getitem__)
+        return min(self.clients, key=self.down_until.__getitem__)
+
+    def mark_down(self, url: str) -> None:
+        self.down_until[url] = time.monotonic() + self.down_for
+
+    def session(self) -> RolloutSession:
+        return RolloutSession(self)
+
+
+class RolloutSession:
+    """What the agent loop talks to: `chat` on the rollout's replica, moving to another when that one is down."""
+
+    def __init__(self, router: Router):
+        self.router = router
+        self.url = router.pick()
+        router.load[self.url] += 1
+
+    def _move(self, url: str) -> None:
+        self.router.load[self.url] -= 1
+        self.router.load[url] += 1
+        self.url = url
+
+    async def chat(self, *args: Any, **kwargs: Any) -> ChatReply:
+        deadline = time.monotonic() + self.router.give_up_after
+        while True:
+            try:
+                return await self.router.clients[self.url].chat(*args, **kwargs)
+            except EndpointDownError as exc:
+                if len(self.router.clients) == 1:
+                    raise
+                if time.monotonic() > deadline:
+                    raise LLMError(f"every engine replica is down ({', '.join(self.router.clients)}); "
+                                   f"last: {exc}") from exc
+                self.router.mark_down(self.url)
+                previous, url = self.url, self.router.pick()
+                wait = self.router.down_until.get(url, 0) - time.monotonic()
+                if wait > 0:  # every replica is down: wait for the first mark to end (a restart may bring it back)
+                    await asyncio.sleep(wait)
+                self._move(url)
+                if url != previous:
+                    self.router.failovers += 1
+                    log.warning("replica_failover", url_from=previous, url_to=url, error=str(exc))
+
+    def close(self) -> None:
+        self.router.load[self.url] -= 1
 
 
 def _import(target: str) -> Any:

@@ -3,6 +3,7 @@ that publishes its URL. `start_engines` returns the URLs the agent workers shoul
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +17,20 @@ class Engines:
     api_key: str | None = None
     actors: list[Any] = field(default_factory=list)  # server actors to stop at the end (none for external)
     futures: list[Any] = field(default_factory=list)  # an actor lives only while its future is referenced
+    cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # after the actors (GPU leases)
 
     async def stop(self) -> None:
+        """Stops every server (a failure to stop one does not leave the others running), then the cleanups."""
+        errors = []
         for actor in self.actors:
-            await actor.stop()
+            try:
+                await actor.stop()
+            except Exception as exc:  # e.g. its worker is gone, and the server with it (PR_SET_PDEATHSIG)
+                errors.append(exc)
+        for cleanup in self.cleanups:
+            await cleanup()
+        if errors:
+            raise errors[0]
 
 
 async def start_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:
@@ -31,7 +42,8 @@ async def start_engines(client: Any, settings: RunSettings, log_dir: str) -> Eng
         from .llama_cpp import start_llama_cpp
 
         return await start_llama_cpp(client, settings, log_dir)
-    raise NotImplementedError(
-        "engine 'vllm' is not available yet: start `vllm serve` yourself and use "
-        "--engine external --base-url http://HOST:PORT/v1 --model NAME"
-    )
+    if settings.engine == "vllm":
+        from .vllm import start_vllm
+
+        return await start_vllm(client, settings, log_dir)
+    raise ValueError(f"unknown engine {settings.engine!r}")
