@@ -1,9 +1,14 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Sandboxes of this test session live in their own root (inherited by the Dask workers the tests start), so the
+# leak checks below see only this session's sandboxes even when another run shares the machine.
+os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-"))
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 
 

@@ -85,6 +85,14 @@ def test_solver_resolves_tasks_and_results_are_written(rows, tmp_path, dask_clie
                  for line in f.read_text().splitlines()]
     finished = [e for e in log_lines if e["event"] == "rollout_finished"]
     assert len(finished) == 8 and all({"run_id", "instance_id", "rollout"} <= set(e) for e in finished)
+    # Every rollout's state changes reached the scheduler, in order.
+    events = [msg for _, msg in dask_client.get_events("uni-agent") if msg.get("run_id") == summary["run_id"]]
+    for instance_id, rollout in zip(results.instance_id, results.rollout):
+        states = [e["state"] for e in events if (e["instance_id"], e["rollout"]) == (instance_id, rollout)]
+        assert states == ["queued", "starting_sandbox", "running", "running", "running", "running", "verifying",
+                          "done"], states
+    done = [e for e in events if e["state"] == "done"]
+    assert all(e["reward"] == 1.0 and json.loads(e["messages"]) for e in done)
 
 
 def test_rerun_resumes_without_redoing_rollouts(rows, tmp_path, dask_client):

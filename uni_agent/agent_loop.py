@@ -53,7 +53,7 @@ async def start_sandbox(agent: AgentConfig, name: str) -> Sandbox:
     retrying = AsyncRetrying(
         retry=retry_if_exception_type((SandboxStartError, OSError)),
         stop=stop_after_attempt(deployment.start_retries),
-        wait=wait_exponential_jitter(initial=0.5, max=10),
+        wait=wait_exponential_jitter(multiplier=0.5, max=10),
         reraise=True,
     )
     async for attempt in retrying:

@@ -295,6 +295,9 @@ class LocalSandbox:
         except BaseException:
             _kill_group(proc)
             io.cancel()
+            io.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" noise
+            with contextlib.suppress(BaseException):  # reap it now, while its event loop still runs
+                await asyncio.shield(proc.wait())
             raise
         finally:
             self._running.discard(proc)
