@@ -1,4 +1,5 @@
-"""The `uni-agent` command: run rollouts, verify gold/empty patches, convert tasks to Parquet."""
+"""The `uni-agent` command: run rollouts, verify gold/empty patches, convert tasks to Parquet, preprocess
+SWE-bench Verified, export a run's patches as predictions for the official SWE-bench harness."""
 
 from __future__ import annotations
 
@@ -76,6 +77,31 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preprocess_swe(args: argparse.Namespace) -> int:
+    from .swebench.preprocess import run_cli
+
+    return run_cli(args)
+
+
+def cmd_export_preds(args: argparse.Namespace) -> int:
+    from .swebench.predictions import export_predictions
+
+    preds, report_path, report = export_predictions(args.output_dir, args.model_name, args.rollout)
+    print(f"wrote {report['submitted_instances']} predictions to {preds}")
+    print(f"wrote the official-shaped report to {report_path}: {report['resolved_instances']} resolved, "
+          f"{report['unresolved_instances']} unresolved, {report['error_instances']} errors, "
+          f"{report['empty_patch_instances']} empty patches of {report['total_instances']} instances")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    path = write_report(args.output_dir, args.out, max_trajectories=args.max_trajectories)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="uni-agent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--out", required=True)
     convert_parser.add_argument("--agent-name", default="swe_agent")
     convert_parser.set_defaults(func=cmd_convert)
+    from .swebench.preprocess import add_arguments
+
+    swe_parser = sub.add_parser("preprocess-swe", help="SWE-bench Verified → Parquet rows for a deployment")
+    add_arguments(swe_parser)
+    swe_parser.set_defaults(func=cmd_preprocess_swe)
+    preds_parser = sub.add_parser(
+        "export-preds", help="a run's patches → preds.jsonl + the official harness's report shape")
+    preds_parser.add_argument("output_dir", help="the run's --output-dir (holds results/ and summary.json)")
+    preds_parser.add_argument("--model-name", help="model_name_or_path (default: from summary.json, else uni-agent)")
+    preds_parser.add_argument("--rollout", type=int, default=0, help="which rollout of each instance (default 0)")
+    preds_parser.set_defaults(func=cmd_export_preds)
+    report_parser = sub.add_parser("report", help="a run's results → one self-contained HTML report")
+    report_parser.add_argument("output_dir", help="the run's --output-dir (holds results/)")
+    report_parser.add_argument("--out", help="the HTML file to write (default: OUTPUT_DIR/report.html)")
+    report_parser.add_argument("--max-trajectories", type=int, default=150,
+                               help="trajectories rendered in the file (failing and slowest first; default 150)")
+    report_parser.set_defaults(func=cmd_report)
     return parser
 
 
