@@ -234,6 +234,7 @@ class _Dispatcher:
                  placement: dict[str, Any]):
         self.client, self.actors, self.store, self.settings = client, actors, store, settings
         self.in_flight = [0] * len(actors)
+        self.lost: set[int] = set()  # actors whose worker is gone: never picked again
         self.limits: dict[str, asyncio.Semaphore] = {}
         self.placement = placement
         self.progress = _Progress(settings.progress)
@@ -271,7 +272,11 @@ class _Dispatcher:
     async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
         last_error = ""
         for _attempt in range(ACTOR_RETRIES + 1):
-            index = min(range(len(self.actors)), key=self.in_flight.__getitem__)
+            live = [i for i in range(len(self.actors)) if i not in self.lost]
+            if not live:
+                last_error = last_error or "every agent worker was lost"
+                break
+            index = min(live, key=self.in_flight.__getitem__)
             self.in_flight[index] += 1
             try:
                 return await self.actors[index].run_rollout(spec)
@@ -279,10 +284,21 @@ class _Dispatcher:
                 last_error = redact(f"{type(exc).__name__}: {exc}")
                 log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout,
                             error=last_error)
+                if not await self._worker_alive(self.actors[index]):
+                    self.lost.add(index)
+                    log.warning("agent_worker_lost", actor=index, worker=getattr(self.actors[index], "_address", ""))
             finally:
                 self.in_flight[index] -= 1
         return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
                              exit_reason="error", error=f"agent worker failed: {last_error}")
+
+    async def _worker_alive(self, actor: Any) -> bool:
+        """Whether the scheduler still knows the worker that holds `actor` (a failed call alone does not say)."""
+        try:
+            workers = (await self.client.scheduler.identity(n_workers=-1))["workers"]
+        except Exception:
+            return True
+        return getattr(actor, "_address", None) in workers
 
     async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
         future = self.client.submit(

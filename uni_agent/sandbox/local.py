@@ -55,14 +55,14 @@ def sandbox_root() -> Path:
 
 
 OWNER_FILE = "owner.pid"
-_reaped_roots: set[str] = set()
 
 
 def reap_orphaned_sandboxes(root: Path) -> list[Path]:
     """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
 
     Its commands died with it (bwrap --die-with-parent, and the overlay mount lived only in their namespaces), so
-    only the directory is left. Run once per process and sandbox root, at the first sandbox start."""
+    only the directory is left. Run at every sandbox start: another worker on this host may have died since the
+    last one (a directory listing and one small read per sandbox dir, cheap next to starting a sandbox)."""
     removed = []
     for sandbox_dir in root.iterdir():
         try:
@@ -164,9 +164,7 @@ class LocalSandbox:
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
         self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
         root = sandbox_root()
-        if str(root) not in _reaped_roots:
-            _reaped_roots.add(str(root))
-            await asyncio.to_thread(reap_orphaned_sandboxes, root)
+        await asyncio.to_thread(reap_orphaned_sandboxes, root)
         self.dir = root / self.name
         for sub in ("upper", "work", "merged", "tmp", "home", "state"):
             (self.dir / sub).mkdir(parents=True)
