@@ -109,6 +109,8 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
         assert sorted(e.get("CUDA_VISIBLE_DEVICES", "-") for e in environ.values()) == ["-", "0,1"]  # from --gres
     health = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/health", timeout=10)
     assert health.read() == b"ok"
+    page = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/uni-agent", timeout=10)
+    assert page.status == 200 and b"uni-agent" in page.read().lower()  # installed by the preload, before any driver
 
     _check_verify_and_infer(env, tmp_path / "out", scheduler_file)
 

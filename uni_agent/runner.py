@@ -323,9 +323,24 @@ def _final_fields(result: RolloutResult) -> dict[str, Any]:
         "reward", "resolved", "exit_reason", "num_turns", "prompt_tokens", "completion_tokens", "sandbox_start_s",
         "llm_s", "tools_s", "verify_s", "total_s", "worker", "error")}
     fields["error_kind"] = result.error.split(":", 1)[0] if result.error else None
-    fields["messages"] = result.messages[:MAX_TRAJECTORY_CHARS]
+    fields["messages"] = _clip_messages(result.messages, MAX_TRAJECTORY_CHARS)
     fields["verification"] = result.verification[:MAX_TRAJECTORY_CHARS]
     return fields
+
+
+def _clip_messages(messages_json: str, limit: int) -> str:
+    """The trajectory as valid JSON within `limit` characters: the first messages that fit, then a note."""
+    if len(messages_json) <= limit:
+        return messages_json
+    kept, size = [], 0
+    messages = json.loads(messages_json)
+    for message in messages:
+        size += len(json.dumps(message, ensure_ascii=False)) + 2
+        if size > limit - 200:
+            break
+        kept.append(message)
+    kept.append({"role": "note", "content": f"{len(messages) - len(kept)} later messages are in the Parquet results"})
+    return json.dumps(kept, ensure_ascii=False)
 
 
 class _Progress:
