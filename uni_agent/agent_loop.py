@@ -124,6 +124,8 @@ class UniAgentLoop:
             if sandbox is not None:
                 await self._collect_patch_and_close(sandbox, result)
         result.messages = redact(json.dumps(messages, ensure_ascii=False))
+        if result.error is not None:  # an endpoint's error body may echo the request's credentials
+            result.error = redact(result.error)
         result.masked = agent.mask_abnormal_exit_traj and result.exit_reason != "submitted"
         result.total_s = time.monotonic() - started
         result.finished_at = time.time()

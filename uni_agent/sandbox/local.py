@@ -267,7 +267,10 @@ class LocalSandbox:
 
     async def _exec(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
         assert self.dir is not None
-        (self.dir / "state" / "cmd.sh").write_text(command + "\n")
+        try:
+            (self.dir / "state" / "cmd.sh").write_text(command + "\n")
+        except FileNotFoundError:
+            raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use") from None
         argv = (self._overlay_prefix() if self.use_overlay else []) + self._bwrap_args(merge_stderr)
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
