@@ -306,8 +306,16 @@ class _Dispatcher:
             pure=False, **self.placement, key=f"verify-{spec.instance_id}-r{spec.rollout}-"
             f"{uuid.uuid4().hex[:6]}",
         )
+        # The grader bounds itself by eval_timeout once it runs; this bound also covers a future that never runs
+        # or never reports (a lost worker, a stuck thread), so one rollout can never hold the run forever.
+        deployment = spec.agent.env.deployment
+        limit = spec.agent.reward.eval_timeout + deployment.startup_timeout * deployment.start_retries + 120
         try:
-            verification: Verification = await future
+            verification: Verification = await asyncio.wait_for(future, limit)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self.client.cancel([future])
+            verification = Verification(status="timeout", error=f"no verification result within {limit:g} s")
         except Exception as exc:
             verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
         result.reward, result.resolved = verification.reward, verification.resolved
