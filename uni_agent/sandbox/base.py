@@ -51,6 +51,27 @@ class Sandbox(Protocol):
     async def close(self) -> None: ...
 
 
+class ClosingContext:
+    """`async with sandbox:` starts it and closes it on every path, a failed start included (mixed into backends)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self):  # noqa: ANN204 - returns the backend's own type
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 async def read_file(sandbox: Sandbox, path: str, timeout: float = 60) -> bytes:
     result = await sandbox.exec(f"cat -- {shlex.quote(path)}", timeout, merge_stderr=False)
     if result.exit_code != 0:

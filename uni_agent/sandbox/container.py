@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 
 from ..config import ContainerDeploymentConfig
-from .base import ExecResult, SandboxError, SandboxStartError
+from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
 from .limiter import start_limits
 from .local import (
     RUNNER_SCRIPT,
@@ -137,7 +137,7 @@ def sandbox_name(name: str) -> str:
 # -- the container CLI ------------------------------------------------------------------------------------------------
 
 
-class ContainerSandbox:
+class ContainerSandbox(ClosingContext):
     def __init__(self, config: ContainerDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if not config.image:
             raise SandboxError(f"{config.type} deployment needs `image`")
@@ -237,17 +237,6 @@ class ContainerSandbox:
         self._created = False
         if not await remove_containers(self.cli, [self.name], self._global_args(), self._cli_env):
             log.error("container_not_removed", name=self.name, hint=f"{self.cli} rm -f {self.name}")
-
-    async def __aenter__(self) -> ContainerSandbox:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- commands ----------------------------------------------------------------------------------------------
     async def exec(

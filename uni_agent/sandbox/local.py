@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from ..config import LocalDeploymentConfig
-from .base import ExecResult, SandboxError, SandboxStartError
+from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
 
 BUNDLED_TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "bundled"
 CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # output beyond this is counted, not kept (a `yes` must not eat memory)
@@ -144,7 +144,7 @@ def _python_dirs() -> list[str]:
     return sorted(d for d in dirs if not d.startswith("/usr/"))
 
 
-class LocalSandbox:
+class LocalSandbox(ClosingContext):
     def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if config.repo is None:
             raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>)")
@@ -194,17 +194,6 @@ class LocalSandbox:
         if self.dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.dir, True)
             self.dir = None
-
-    async def __aenter__(self) -> LocalSandbox:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- commands ----------------------------------------------------------------------------------------------
     def _initial_state(self) -> str:

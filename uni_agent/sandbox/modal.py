@@ -31,7 +31,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ..config import ModalDeploymentConfig
-from .base import ExecResult, SandboxError, SandboxStartError
+from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
 from .container import (
     HOST_GRACE_S,
     LABEL,
@@ -115,7 +115,7 @@ async def lookup_app(modal: Any, name: str, environment_name: str | None) -> Any
     return app
 
 
-class ModalSandbox:
+class ModalSandbox(ClosingContext):
     def __init__(self, config: ModalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if not config.image:
             raise SandboxError("modal deployment needs `image` (a registry image, e.g. python:3.11)")
@@ -237,17 +237,6 @@ class ModalSandbox:
                                                      environment_name=self.config.environment_name)
         except modal.exception.NotFoundError:
             return None
-
-    async def __aenter__(self) -> ModalSandbox:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- commands ----------------------------------------------------------------------------------------------
     async def exec(
