@@ -22,7 +22,7 @@ from .rollout import RolloutResult
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
                 "str | None": pa.string()}
 RESULT_SCHEMA = pa.schema(
-    [pa.field(f.name, _ARROW_TYPES[str(f.type)]) for f in dataclasses.fields(RolloutResult) if f.name != "extra"]
+    [pa.field(f.name, _ARROW_TYPES[str(f.type)]) for f in dataclasses.fields(RolloutResult)]
 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .config import AgentConfig
@@ -52,9 +52,6 @@ class RolloutResult:
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # not stored; scratch for callers
 
     def row(self) -> dict[str, Any]:
-        data = dict(self.__dict__)
-        data.pop("extra")
-        return data
+        return dict(self.__dict__)

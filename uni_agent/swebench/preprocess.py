@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..config import ConfigError
+from ..dataset import seed_row
 from .spec import DEPLOYMENTS, REQUIRED_FIELDS, WORKDIR, image_name, repo_spec, test_files, test_list
 
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
@@ -165,19 +166,11 @@ def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str =
             target["repo"] = str(Path(local_repos).expanduser().resolve() / instance["instance_id"])
     user = USER_PROMPT.format(repo=instance["repo"], workdir=WORKDIR,
                               problem_statement=instance["problem_statement"].strip())
-    return {
-        "data_source": DATA_SOURCE,
-        "instance_id": instance["instance_id"],
-        "agent_name": agent_name,
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
-        "extra_info": {
-            "instance_id": instance["instance_id"],
-            "tools_kwargs": {
-                "env": {"deployment": target, "post_setup_cmd": ""},
-                "reward": {"name": "swe_bench", "metadata": {k: instance[k] for k in METADATA_FIELDS}},
-            },
-        },
-    }
+    return seed_row(
+        instance["instance_id"], DATA_SOURCE, agent_name, SYSTEM_PROMPT, user,
+        env={"deployment": target, "post_setup_cmd": ""},
+        reward={"name": "swe_bench", "metadata": {k: instance[k] for k in METADATA_FIELDS}},
+    )
 
 
 def build_rows(raw_rows: Iterable[Any], deployment: str, max_instances: int | None = None,

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..config import ConfigError
+from ..dataset import seed_row
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 REQUIRED_FIELDS = ("instance_id", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -73,19 +74,12 @@ def instance_to_row(instance: dict[str, Any], repo_ref: str, agent_name: str, wo
         "PASS_TO_PASS": json.dumps(list(instance["PASS_TO_PASS"])),
     }
     user = USER_PROMPT.format(workdir=workdir, problem_statement=instance["problem_statement"].strip())
-    return {
-        "data_source": "uni-agent/bundled" if repo_ref.startswith("bundled:") else "uni-agent/local",
-        "instance_id": instance["instance_id"],
-        "agent_name": agent_name,
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}],
-        "extra_info": {
-            "instance_id": instance["instance_id"],
-            "tools_kwargs": {
-                "env": {"deployment": {"type": "local", "repo": repo_ref, "workdir": workdir}, "post_setup_cmd": ""},
-                "reward": {"name": "swe_local", "metadata": metadata},
-            },
-        },
-    }
+    return seed_row(
+        instance["instance_id"], "uni-agent/bundled" if repo_ref.startswith("bundled:") else "uni-agent/local",
+        agent_name, SYSTEM_PROMPT, user,
+        env={"deployment": {"type": "local", "repo": repo_ref, "workdir": workdir}, "post_setup_cmd": ""},
+        reward={"name": "swe_local", "metadata": metadata},
+    )
 
 
 def convert(tasks_dir: Path | None, out_path: Path, agent_name: str = "swe_agent") -> int:
