@@ -1,5 +1,6 @@
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,15 @@ def no_leftover_sandboxes():
     bwraps = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
               and str(root) in _cmd(p)]
     assert not bwraps, f"bwrap processes left: {[_cmd(p) for p in bwraps]}"
+
+
+def poll_until(predicate, timeout: float, what: str):
+    """The predicate's first truthy value, polled every 0.1 s; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+    return value
 
 
 def _cmd(proc: Path) -> str:

@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from distributed import Client, get_task_stream
 
-from conftest import AGENT_CONFIG, REPO_ROOT
+from conftest import AGENT_CONFIG, REPO_ROOT, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.dataset import read_rows
 from uni_agent.engines.vllm import VllmServer
@@ -36,13 +35,6 @@ def _alive(pid: int) -> bool:
         return False
     return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
-
-def _poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +59,7 @@ def cluster(tmp_path_factory):
     try:
         start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
               "--scheduler-file", str(scheduler_file), "--preload", "uni_agent.scheduler_preload")
-        _poll(scheduler_file.exists, 60, "the scheduler file")
+        poll_until(scheduler_file.exists, 60, "the scheduler file")
         common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard"]
         start("gpu-worker", "worker", *common, "--name", "gpu-worker", "--nthreads", "2", "--resources", "GPU=2")
         start("sandbox-worker", "worker", *common, "--name", "sandbox-worker", "--nthreads", "4",
@@ -199,13 +191,13 @@ def test_engine_crash_is_reported_or_restarted_on_the_same_port(cluster, tmp_pat
             assert first["alive"] and first["worker"] == cluster["gpu"] and first["cuda_visible_devices"] == "1"
             os.kill(first["pid"], signal.SIGKILL)
             if restart:
-                info = _poll(lambda: (d := actor.describe().result())["restarts"] == 1 and d["alive"] and d, 60,
+                info = poll_until(lambda: (d := actor.describe().result())["restarts"] == 1 and d["alive"] and d, 60,
                              "the restart")
                 assert info["url"] == url and info["pid"] != first["pid"]
                 assert f"http://127.0.0.1:{_servers(fake)[-1]['port']}/v1" == url  # same port after the restart
                 assert "restart 1 of 3" in Path(tmp_path / f"engine-{restart}.log").read_text()
             else:
-                info = _poll(lambda: (d := actor.describe().result())["crashes"] and d, 30, "the crash report")
+                info = poll_until(lambda: (d := actor.describe().result())["crashes"] and d, 30, "the crash report")
                 assert not info["alive"] and info["restarts"] == 0
                 assert info["crashes"][0]["returncode"] == -signal.SIGKILL
                 assert "fake vllm: serving" in info["crashes"][0]["log_tail"]
@@ -239,7 +231,7 @@ def test_two_drivers_never_share_a_gpu(cluster, fake):
 
     asyncio.run(scenario())
     assert LEASES_PLUGIN in cluster["client"].run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    _poll(lambda: cluster["client"].run_on_scheduler(_leases_call, "busy") == {}, 10, "leases of closed clients")
+    poll_until(lambda: cluster["client"].run_on_scheduler(_leases_call, "busy") == {}, 10, "leases of closed clients")
 
 
 def test_one_machine_without_a_scheduler_gets_a_gpu_worker(cluster, rows, tmp_path, fake, monkeypatch):

@@ -19,7 +19,7 @@ def _llama_servers() -> list[str]:
 
 def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
     assert not _llama_servers()
-    outcome = run(None, AGENT_CONFIG, client=dask_client, engine="llama_cpp", n=1, max_samples=3, max_turns=3,
+    run(None, AGENT_CONFIG, client=dask_client, engine="llama_cpp", n=1, max_samples=3, max_turns=3,
                   max_tokens=128, output_dir=str(tmp_path), progress=False)
     results = pd.read_parquet(tmp_path / "results")
     assert len(results) == 3 and set(results.rollout) == {0}

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +17,7 @@ import pytest
 import yaml
 from distributed import Client
 
-from conftest import AGENT_CONFIG, REPO_ROOT, _cmd
+from conftest import AGENT_CONFIG, REPO_ROOT, _cmd, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.dataset import read_rows
 from uni_agent.sandbox.local import sandbox_root
@@ -29,13 +28,6 @@ DASK = str(Path(sys.executable).parent / "dask")
 PARALLEL_INFER = REPO_ROOT / "examples" / "agent_interaction" / "parallel_infer.py"
 SECRET = "planted-key-7f3c9a1e5d"  # matches no token pattern: only the registered-secret redaction can catch it
 
-
-def _poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def look_then_submit(body):
@@ -112,12 +104,12 @@ def test_driver_killed_mid_run_resumes_only_missing_rollouts(tmp_path, data):
         proc, *files = _start_driver(tmp_path, data, server, out, "first")
         try:
             # Kill -9 once some results are on disk and more rollouts are in flight (concurrency 2, 2 s each).
-            _poll(lambda: len(list((out / "results").glob("part-*.parquet"))) >= 2 or proc.poll() is not None,
+            poll_until(lambda: len(list((out / "results").glob("part-*.parquet"))) >= 2 or proc.poll() is not None,
                   180, "the first results to be flushed")
             assert proc.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-            _poll(lambda: not _group_alive(proc.pid), 60, "the driver's LocalCluster processes to die")
+            poll_until(lambda: not _group_alive(proc.pid), 60, "the driver's LocalCluster processes to die")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -149,7 +141,7 @@ def test_driver_killed_mid_run_resumes_only_missing_rollouts(tmp_path, data):
     assert len(keys) == len(set(keys)) == len(expected) and set(keys) == expected
     assert (final.exit_reason == "submitted").all(), final[["instance_id", "rollout", "error"]]
     # The killed driver's sandboxes were reaped by the rerun's workers (their owner pid was gone).
-    _poll(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")
+    poll_until(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")
     # The API key the driver was given appears in none of its outputs.
     outputs = [p for p in out.rglob("*") if p.is_file()] + sorted(tmp_path.glob("*.out")) + sorted(
         tmp_path.glob("*.err"))
@@ -175,7 +167,7 @@ def two_workers(tmp_path):
     try:
         start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
               "--scheduler-file", str(scheduler_file))
-        _poll(scheduler_file.exists, 60, "the scheduler file")
+        poll_until(scheduler_file.exists, 60, "the scheduler file")
         for i in range(2):
             start(f"worker-{i}", "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
                   "--no-dashboard", "--no-nanny", "--name", f"w{i}", "--nthreads", "2", "--resources", "SANDBOX=8")
@@ -236,4 +228,4 @@ def test_worker_killed_mid_run_loses_no_rollout(tmp_path, data, two_workers):
     assert (results.exit_reason == "submitted").all(), results[["instance_id", "rollout", "worker", "error"]]
     survivors = set(results.worker) - {victim_address}
     assert survivors, results.worker.tolist()
-    _poll(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")
+    poll_until(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")

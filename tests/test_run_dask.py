@@ -5,7 +5,6 @@ agent's behaviour (and hence the expected reward and exit reason) is known. The 
 """
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
