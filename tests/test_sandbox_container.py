@@ -490,3 +490,12 @@ def test_bundled_tasks_verify_gold_and_empty_patches_in_podman(image: str) -> No
         else:
             assert (outcome.reward, outcome.status) == (0.0, "unresolved"), (task, outcome.error, outcome.log_tail)
             assert outcome.patch_applied
+
+
+def test_an_oom_killed_command_leaves_no_file_in_the_working_directory(image: str, repo: Path) -> None:
+    async def body(box: ContainerSandbox) -> int | None:
+        return (await box.exec("python -c \"x = bytearray(600 * 1024 * 1024)\"", 30)).exit_code
+
+    before = set(Path.cwd().iterdir())
+    assert with_container(image, body, memory="256m") == 137
+    assert set(Path.cwd().iterdir()) == before  # conmon writes `oom` into its cwd; ours is the temp dir

@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -299,6 +300,7 @@ class ContainerSandbox(ClosingContext):
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=self._cli_env, start_new_session=True,
+            cwd=tempfile.gettempdir(),  # podman's conmon drops an `oom` marker file into its working directory
         )
         self._procs.add(proc)
         return proc
