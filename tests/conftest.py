@@ -40,6 +40,22 @@ def no_leftover_sandboxes():
     assert not bwraps, f"bwrap processes left: {[_cmd(p) for p in bwraps]}"
 
 
+@pytest.fixture(scope="session")
+def rows(tmp_path_factory):
+    """Every bundled task as a dataset row in the seed schema."""
+    from uni_agent.dataset import read_rows
+    from uni_agent.tasks.swe_form import convert
+
+    path = tmp_path_factory.mktemp("data") / "bundled.parquet"
+    convert(None, path)
+    return read_rows(path)
+
+
+def assistant_turns(body) -> int:
+    """How many replies the model already gave in a chat request (for ScriptedLLM policies)."""
+    return sum(m["role"] == "assistant" for m in body["messages"])
+
+
 def poll_until(predicate, timeout: float, what: str):
     """The predicate's first truthy value, polled every 0.1 s; fails naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

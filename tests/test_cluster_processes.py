@@ -19,10 +19,8 @@ from distributed import Client, get_task_stream
 
 from conftest import AGENT_CONFIG, REPO_ROOT, poll_until
 from uni_agent import AgentConfigs, run
-from uni_agent.dataset import read_rows
 from uni_agent.engines.vllm import VllmServer
 from uni_agent.placement import LEASES_PLUGIN, PlacementError, _leases_call, place_replicas, release_replicas
-from uni_agent.tasks.swe_form import convert
 
 DASK = str(Path(sys.executable).parent / "dask")
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
@@ -81,13 +79,6 @@ def cluster(tmp_path_factory):
                 proc.kill()
                 proc.wait()
             out.close()
-
-
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "bundled.parquet"
-    convert(None, path)
-    return read_rows(path)
 
 
 @pytest.fixture

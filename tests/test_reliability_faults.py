@@ -12,17 +12,16 @@ import threading
 from collections import Counter
 
 import pandas as pd
-import pytest
 
-from conftest import AGENT_CONFIG
+from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent import agent_loop
 from uni_agent.agent_loop import UniAgentLoop
-from uni_agent.dataset import build_specs, read_rows
+from uni_agent.dataset import build_specs
 from uni_agent.llm import ChatClient
 from uni_agent.sandbox import SandboxStartError
 from uni_agent.sandbox.local import LocalSandbox, sandbox_root
-from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
+from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
 INSTANCES = [json.loads(p.read_text()) for p in sorted(BUNDLED_DIR.glob("*/instance.json"))]
@@ -33,21 +32,10 @@ def _instance_id(body) -> str:
     return next(i["instance_id"] for i in INSTANCES if i["problem_statement"].strip() in user)
 
 
-def _turn(body) -> int:
-    return sum(m["role"] == "assistant" for m in body["messages"])
-
-
 def look_then_submit(body):
-    if _turn(body) == 0:
+    if assistant_turns(body) == 0:
         return tool_call_message("execute_bash", {"command": "echo looked"})
     return tool_call_message("submit", {})
-
-
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "bundled.parquet"
-    convert(None, path)
-    return read_rows(path)
 
 
 def _agents(**interaction):
@@ -212,14 +200,14 @@ def test_sandbox_removed_mid_rollout_ends_that_rollout_with_a_clear_error(rows, 
     removed = []
 
     def policy(body):
-        if _instance_id(body) == victim and _turn(body) == 1 and not removed:
+        if _instance_id(body) == victim and assistant_turns(body) == 1 and not removed:
             # The sandbox dies under the agent: its directory (workspace, state) is deleted by someone else.
             dirs = list(sandbox_root().glob(f"{victim}-r0-*"))
             assert len(dirs) == 1, dirs
             shutil.rmtree(dirs[0])
             removed.append(dirs[0])
             return tool_call_message("execute_bash", {"command": "ls"})
-        if _turn(body) < 2:
+        if assistant_turns(body) < 2:
             return tool_call_message("execute_bash", {"command": "echo step"})
         return tool_call_message("submit", {})
 

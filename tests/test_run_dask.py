@@ -9,11 +9,10 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import AGENT_CONFIG
+from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent.llm import LLMError
-from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
-from uni_agent.dataset import read_rows
+from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
 INSTANCES = [json.loads(p.read_text()) for p in sorted(BUNDLED_DIR.glob("*/instance.json"))]
@@ -24,13 +23,9 @@ def _instance_for(body):
     return next(i for i in INSTANCES if i["problem_statement"].strip() in user)
 
 
-def _turn(body) -> int:
-    return sum(m["role"] == "assistant" for m in body["messages"])
-
-
 def solver(body):
     """Looks around, applies the task's gold patch with a shell heredoc, runs the tests, submits."""
-    turn = _turn(body)
+    turn = assistant_turns(body)
     if turn == 0:
         return tool_call_message("execute_bash", {"command": "git status --short && ls"})
     if turn == 1:
@@ -39,13 +34,6 @@ def solver(body):
     if turn == 2:
         return tool_call_message("execute_bash", {"command": "python -m pytest -q -p no:cacheprovider 2>&1 | tail -3"})
     return tool_call_message("submit", {})
-
-
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "bundled.parquet"
-    convert(None, path)
-    return read_rows(path)
 
 
 def _run(rows, tmp_path, client, server, agents=None, **overrides):
@@ -115,7 +103,7 @@ def test_empty_submission_gets_reward_zero(rows, tmp_path, dask_client):
 
 def test_exit_reasons(rows, tmp_path, dask_client):
     def malformed_then_submit(body):
-        if _turn(body) == 0:
+        if assistant_turns(body) == 0:
             return {"role": "assistant", "content": "<tool_call>{not json</tool_call>"}
         return tool_call_message("submit", {})
 
@@ -157,10 +145,10 @@ def test_text_tool_calls_are_parsed(rows, tmp_path, dask_client):
         assert "tools" not in body and "<tool_call>" in body["messages"][0]["content"]
         allowed = [v["properties"]["name"]["enum"] for v in body["response_format"]["schema"]["anyOf"]]
         assert sorted(allowed) == [["execute_bash"], ["str_replace_editor"], ["submit"]]
-        if _turn(body) == 0:
+        if assistant_turns(body) == 0:
             return {"role": "assistant", "content": 'Let me look.\n<tool_call>\n{"name": "execute_bash", '
                     '"arguments": {"command": "export SEEN=yes; cd tests && pwd"}}\n</tool_call>'}
-        if _turn(body) == 1:
+        if assistant_turns(body) == 1:
             return {"role": "assistant", "content": '<tool_call>{"name": "execute_bash", "arguments": '
                     '{"command": "echo $SEEN $PWD"}}</tool_call>'}
         return {"role": "assistant", "content": '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from conftest import AGENT_CONFIG
+from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent.dataset import read_rows
 from uni_agent.redact import redact, register_secret
@@ -24,10 +24,6 @@ INSTANCES = [json.loads(p.read_text()) for p in sorted(BUNDLED_DIR.glob("*/insta
 def _instance_index(body) -> int:
     user = next(m["content"] for m in body["messages"] if m["role"] == "user")
     return next(i for i, inst in enumerate(INSTANCES) if inst["problem_statement"].strip() in user)
-
-
-def _turn(body) -> int:
-    return sum(m["role"] == "assistant" for m in body["messages"])
 
 
 def parquet_text(results_dir: Path) -> str:
@@ -50,7 +46,7 @@ def test_planted_api_key_appears_in_no_output(tmp_path, dask_client, capfd):
             return Fault(500, json.dumps({"error": f"upstream failed for Authorization: {auth}; key={SECRET}"}))
         if index == 1:  # a 4xx echoing the key: not retried, ends the rollout with the body in the error
             return Fault(401, json.dumps({"error": f"invalid api key {SECRET} ({auth})"}))
-        if index == 2 and _turn(body) == 0:  # the model repeats the key, and a command prints it
+        if index == 2 and assistant_turns(body) == 0:  # the model repeats the key, and a command prints it
             return tool_call_message("execute_bash", {"command": f"echo the key is {SECRET}"},
                                      content=f"I will use {SECRET}")
         return tool_call_message("submit", {})
