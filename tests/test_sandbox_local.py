@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from conftest import poll_until
 
 from uni_agent.config import LocalDeploymentConfig
 from uni_agent.sandbox import ExecResult, Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
@@ -391,6 +392,47 @@ def test_memory_limit_applies(repo: Path) -> None:
     assert with_sandbox(repo, body, max_memory_mb=None) == 0
 
 
+def test_fork_bomb_is_contained_and_the_sandbox_stays_usable(repo: Path) -> None:
+    """A fork bomb hits the sandbox's process cap (a pids cgroup: the tests run as root, whom `ulimit -u` would
+    not bind), is killed at the command timeout, and leaves the host, the sandbox and its cgroup in order."""
+    bomb = "bomb() { bomb | bomb & }; bomb; sleep 60"
+
+    async def body(box: LocalSandbox) -> Path:
+        assert box.process_limit.mode == "cgroup", "no writable pids cgroup: the fork bomb would not be contained"
+        started = time.monotonic()
+        result = await box.exec(bomb, 5)
+        assert result.timed_out and time.monotonic() - started < 30
+        peak = box.process_limit.peak()
+        assert peak is not None and 40 <= peak <= 48, peak  # it did fork up to the cap, and not past it
+        assert b"Resource temporarily unavailable" in result.stdout
+        assert box.process_limit.processes() == []  # the timeout killed every process of the bomb
+        # The host (this process) can still start processes, and so can the sandbox.
+        assert (await asyncio.create_subprocess_exec("true")).pid > 0
+        after = await box.exec("echo alive", 10)
+        assert after.exit_code == 0 and after.stdout == b"alive\n"
+        cgroup = box.process_limit.cgroup
+        assert cgroup is not None and cgroup.exists()
+        return cgroup
+
+    cgroup = with_sandbox(repo, body, pids_limit=48)
+    assert not cgroup.exists(), "the sandbox's cgroup outlived it"
+
+
+def test_process_cap_falls_back_to_ulimit_without_a_cgroup(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from uni_agent.sandbox.process_limit import pids_cgroup_parent
+
+    monkeypatch.setenv("UNI_AGENT_PIDS_CGROUP", "off")
+    pids_cgroup_parent.cache_clear()
+    try:
+        async def body(box: LocalSandbox) -> bytes:
+            assert box.process_limit.mode == "ulimit" and box.process_limit.cgroup is None
+            return (await box.exec("ulimit -u", 10)).stdout
+
+        assert with_sandbox(repo, body, pids_limit=100) == b"100\n"
+    finally:
+        pids_cgroup_parent.cache_clear()
+
+
 # -- file transfer -------------------------------------------------------------------------------------------------
 
 
@@ -541,6 +583,47 @@ def test_orphaned_sandbox_dirs_are_reaped(repo: Path, tmp_path: Path) -> None:
     (alive / local.OWNER_FILE).write_text(str(os.getpid()))
     assert local.reap_orphaned_sandboxes(root) == [orphan]
     assert not orphan.exists() and alive.exists() and foreign.exists()
+
+
+OWNER_SCRIPT = """
+import asyncio, sys
+from uni_agent.config import LocalDeploymentConfig
+from uni_agent.sandbox.local import LocalSandbox
+
+async def main():
+    box = LocalSandbox(LocalDeploymentConfig(repo=sys.argv[1], pids_limit=64), name="killed-owner")
+    await box.start()
+    print(box.dir, box.process_limit.cgroup, flush=True)
+    await box.exec("sleep 300 & sleep 300 & cat /dev/zero | sleep 300", 600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_owner_leaves_no_process_and_its_leftovers_are_reaped(repo: Path) -> None:
+    """kill -9 of the process that owns a sandbox in the middle of a command (the overlay mounted, children
+    running): its processes die with it, nothing stays mounted, and the next reap removes its dir and cgroup."""
+    import subprocess
+    import sys
+
+    from uni_agent.sandbox import local
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, str(repo)], stdout=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        sandbox_dir, cgroup = (Path(p) for p in owner.stdout.readline().decode().split())  # type: ignore[union-attr]
+        # The command and its three children are running inside the sandbox's cgroup.
+        poll_until(lambda: len((cgroup / "cgroup.procs").read_text().split()) >= 4, 30, "the sandbox command")
+        owner.kill()
+        owner.wait(30)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+    poll_until(lambda: not (cgroup / "cgroup.procs").read_text().split(), 30,
+               "the sandbox's processes to die with their owner")
+    assert str(sandbox_dir) not in Path("/proc/self/mounts").read_text()
+    assert local.reap_orphaned_sandboxes(sandbox_dir.parent) == [sandbox_dir]
+    assert not sandbox_dir.exists() and not cgroup.exists()
 
 
 def subprocess_pid_that_exited() -> int:

@@ -54,6 +54,9 @@ class LocalDeploymentConfig(DeploymentBase):
     """overlay: copy-on-write through overlayfs (needs root); copy: a full copy; auto: overlay when possible."""
     max_memory_mb: int | None = 4096
     """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
+    pids_limit: int | None = Field(default=1024, ge=16)
+    """Processes (and threads) the whole sandbox may run at once, so a fork bomb stays inside it: a pids cgroup per
+    sandbox where one is writable (root), else `ulimit -u` (binds non-root workers only); None for no limit."""
 
 
 class ContainerDeploymentConfig(DeploymentBase):

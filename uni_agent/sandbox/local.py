@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..config import LocalDeploymentConfig
 from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
+from .process_limit import ProcessLimit, remove_cgroup_of
 
 BUNDLED_TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "bundled"
 CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # output beyond this is counted, not kept (a `yes` must not eat memory)
@@ -70,6 +71,7 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
         except (OSError, ValueError):
             continue  # not ours, or still being created
         if not Path(f"/proc/{owner}").exists():
+            remove_cgroup_of(sandbox_dir.name)
             shutil.rmtree(sandbox_dir, ignore_errors=True)
             removed.append(sandbox_dir)
     return removed
@@ -157,6 +159,7 @@ class LocalSandbox(ClosingContext):
         self._base: Path | None = None
         self._running: set[asyncio.subprocess.Process] = set()
         self._lock = asyncio.Lock()
+        self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -169,6 +172,7 @@ class LocalSandbox(ClosingContext):
         for sub in ("upper", "work", "merged", "tmp", "home", "state"):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
+        self.process_limit.create()
         (self.dir / "state" / "run.sh").write_text(RUNNER_SCRIPT.format(state=STATE_DIR_IN_SANDBOX))
         (self.dir / "state" / "state.sh").write_text(self._initial_state())
         want_overlay = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
@@ -191,6 +195,7 @@ class LocalSandbox(ClosingContext):
     async def close(self) -> None:
         for proc in list(self._running):
             _kill_group(proc)
+        await asyncio.to_thread(self.process_limit.remove)
         if self.dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.dir, True)
             self.dir = None
@@ -240,7 +245,7 @@ class LocalSandbox(ClosingContext):
         args += ["--bind", str(d / "merged"), self.workdir, "--chdir", self.workdir]
         for key, value in env.items():
             args += ["--setenv", key, value]
-        limits = []
+        limits = [self.process_limit.shell_limit()]
         if self.config.max_memory_mb:
             limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
         args += ["bash", "--noprofile", "--norc", "-c", f"{' '.join(limits)} source {STATE_DIR_IN_SANDBOX}/run.sh"]
@@ -260,7 +265,8 @@ class LocalSandbox(ClosingContext):
             (self.dir / "state" / "cmd.sh").write_text(command + "\n")
         except FileNotFoundError:
             raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use") from None
-        argv = (self._overlay_prefix() if self.use_overlay else []) + self._bwrap_args(merge_stderr)
+        argv = (self.process_limit.command_prefix() + (self._overlay_prefix() if self.use_overlay else [])
+                + self._bwrap_args(merge_stderr))
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             *argv,
