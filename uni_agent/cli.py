@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser.add_argument("--max-trajectories", type=int, default=150,
                                help="trajectories rendered in the file (failing and slowest first; default 150)")
     report_parser.set_defaults(func=cmd_report)
+    from .bench.main import add_arguments as add_bench_arguments, cmd_bench
+
+    bench_parser = sub.add_parser("bench", help="framework overhead and throughput against a latency-controlled "
+                                                "endpoint, side by side with mini-swe-agent; prints one table")
+    add_bench_arguments(bench_parser)
+    bench_parser.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -37,14 +37,29 @@ def tool_call_message(name: str, arguments: dict[str, Any], content: str = "") -
     }]}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 4096  # listen backlog: the default (5) drops connects when hundreds of rollouts start at once
+
+
 class ScriptedLLM:
-    def __init__(self, policy: Policy, *, delay_s: float = 0.0, model: str = "scripted", host: str = "127.0.0.1"):
+    """`delay_s`: seconds each reply waits (a latency-controlled endpoint for benchmarks). `keep_requests`: keep every
+    request body in `requests` (tests inspect them; a long benchmark would only grow memory). `keep_alive`: HTTP/1.1
+    persistent connections, as real servers (vLLM) offer; off by default so that a test which stops the server sees
+    the connection refused rather than an old connection still served by its handler thread."""
+
+    def __init__(self, policy: Policy, *, delay_s: float = 0.0, model: str = "scripted", host: str = "127.0.0.1",
+                 keep_requests: bool = True, keep_alive: bool = False):
         self.policy, self.delay_s, self.model = policy, delay_s, model
         self.requests: list[dict[str, Any]] = []
+        self.keep_requests = keep_requests
+        self.num_requests = 0
         self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
@@ -67,7 +82,9 @@ class ScriptedLLM:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 body["_headers"] = dict(self.headers)
                 with server._lock:
-                    server.requests.append(body)
+                    server.num_requests += 1
+                    if server.keep_requests:
+                        server.requests.append(body)
                 if server.delay_s:
                     time.sleep(server.delay_s)
                 reply = server.policy(body)
@@ -82,8 +99,7 @@ class ScriptedLLM:
                               "completion_tokens": len(json.dumps(reply)) // 4},
                 }))
 
-        self._httpd = ThreadingHTTPServer((host, 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property

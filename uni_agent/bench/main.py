@@ -1,0 +1,245 @@
+"""`uni-agent bench`: the sweep, the side-by-side peer run, and the table with the targets next to the figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .endpoint import EndpointProcess
+from .measure import ensure_limits, load_average
+
+TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.9, 256
+TARGET_CPU_MS_PER_TURN = 2.0
+TARGET_START_P50_MS = 100.0
+TARGET_FULL_COMPLETION_AT = 1024
+
+METHOD = """\
+method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in its own bubblewrap sandbox, then submit);
+  the endpoint (a separate process) answers each call after {delay:g} s. rollouts = {waves} x concurrency.
+  ideal = max(rollouts x calls x delay / concurrency, calls x delay); eff = ideal / makespan; makespan = wall time of
+  the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
+  fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
+  (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = the
+  workers' RUSAGE_CHILDREN over LLM calls: the sandboxed commands (unshare, overlay mount, bwrap, bash, the command)
+  and git in sandbox start / patch collection. MiB/rollout = (peak summed RSS of driver + workers - RSS before the
+  run) / concurrency. mini-swe-agent: its own batch runner in one process (threads), LocalEnvironment (plain
+  subprocess, no sandbox, nothing to start), fw CPU = that process's own CPU after imports."""
+
+
+@dataclass
+class BenchOptions:
+    concurrency: list[int]
+    workers: list[int]
+    turns: int = 8
+    delay_s: float = 2.0
+    waves: int = 2
+    command: str = "echo hello && ls"
+    peer: bool = True
+    peer_max_concurrency: int = 1024
+    out_dir: Path | None = None
+    profile_dir: Path | None = None
+    json_path: Path | None = None
+    keep: bool = False
+
+
+def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
+    """Runs the sweep (and the peer), echoes the table as it fills, returns every figure."""
+    from .ours import run_ours
+    from .peer import peer_available, run_peer
+
+    out = options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", str(out / "sandboxes"))  # inherited by the worker processes
+    notes = ensure_limits(max(options.concurrency), min(options.workers))
+    peer_missing = peer_available() if options.peer else "--no-peer"
+    header = _header(options, peer_missing)
+    for line in header + notes:
+        echo(line)
+    rows: list[dict[str, Any]] = []
+    echo(_table_head())
+    with EndpointProcess(options.delay_s, options.turns, options.command) as endpoint:
+        for concurrency in options.concurrency:
+            rollouts = options.waves * concurrency
+            for workers in options.workers:
+                row = run_ours(endpoint.base_url, concurrency=concurrency, workers=workers, turns=options.turns,
+                               delay_s=options.delay_s, rollouts=rollouts, out_dir=out / f"ours-w{workers}-c{concurrency}",
+                               profile_dir=options.profile_dir)
+                rows.append(row)
+                echo(_table_line(row))
+                _show_errors(row, echo)
+            if peer_missing is None and concurrency <= options.peer_max_concurrency:
+                try:
+                    row = run_peer(endpoint.base_url, concurrency=concurrency, turns=options.turns,
+                                   delay_s=options.delay_s, rollouts=rollouts, out_dir=out / f"peer-c{concurrency}")
+                except Exception as exc:  # the peer failing is a figure of its own, not a reason to lose ours
+                    row = {"system": "mini-swe-agent", "concurrency": concurrency, "rollouts": rollouts,
+                           "failed": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+                rows.append(row)
+                echo(_table_line(row))
+                _show_errors(row, echo)
+    endpoint_stats = endpoint.stats
+    comparisons = _comparisons(rows)
+    targets = _targets(rows, options)
+    echo("")
+    for line in comparisons + [""] + targets:
+        echo(line)
+    if endpoint_stats:
+        echo(f"endpoint: {endpoint_stats.get('requests')} requests answered, {endpoint_stats.get('cpu_s', 0):.1f} s CPU "
+             "in its own process (not counted above)")
+    report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()},
+              "header": header, "notes": notes, "rows": rows, "comparisons": comparisons, "targets": targets,
+              "endpoint": endpoint_stats}
+    if options.json_path:
+        options.json_path.write_text(json.dumps(report, indent=1, default=str))
+    if options.out_dir is None and not options.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return report
+
+
+def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
+    calls = options.turns + 1
+    lines = [f"uni-agent bench: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python "
+             f"{platform.python_version()}, load average {load_average():.2f} at start"]
+    if load_average() > 0.5 * (os.cpu_count() or 1):
+        lines.append("  warning: the machine is busy (load average above half its CPUs): figures may be disturbed")
+    lines.append(METHOD.format(calls=calls, turns=options.turns, command=options.command, delay=options.delay_s,
+                               waves=options.waves))
+    peer = (f"mini-swe-agent 2.4.6 at each concurrency up to {options.peer_max_concurrency}" if peer_missing is None
+            else f"not run ({peer_missing})")
+    lines.append(f"peer: {peer}")
+    return lines
+
+
+COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
+           ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
+           ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("start p50/p95 ms", 16, "{}"),
+           ("MiB/rollout", 11, "{:.2f}"), ("load", 5, "{:.1f}")]
+
+
+def _table_head() -> str:
+    head = " | ".join(name.rjust(width) for name, width, _ in COLUMNS)
+    return f"{head}\n{'-' * len(head)}"
+
+
+def _table_line(row: dict[str, Any]) -> str:
+    if "failed" in row:
+        return f"{row['system']:>14} | {'':>7} | {row['concurrency']:>5} | FAILED: {row['failed'].splitlines()[-1][:150]}"
+    values = {
+        "system": row["system"], "workers": row["workers"], "conc": row["concurrency"],
+        "ok/total": f"{row['ok']}/{row['rollouts']}", "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
+        "eff": row["efficiency"], "rollouts/min": row["rollouts_per_min"],
+        "fw CPU ms/turn": row["framework_cpu_ms_per_turn"], "sbx CPU ms/turn": row["sandbox_cpu_ms_per_turn"],
+        "start p50/p95 ms": "n/a (none)" if math.isnan(row["sandbox_start_p50_ms"])
+        else f"{row['sandbox_start_p50_ms']:.0f}/{row['sandbox_start_p95_ms']:.0f}",
+        "MiB/rollout": row["peak_mib_per_rollout"], "load": row["load"],
+    }
+    return " | ".join(fmt.format(values[name]).rjust(width) for name, width, fmt in COLUMNS)
+
+
+def _show_errors(row: dict[str, Any], echo) -> None:
+    for error in row.get("errors") or []:
+        echo(f"    error in {row['system']} c={row['concurrency']}: {error}")
+
+
+def _ok(row: dict[str, Any]) -> bool:
+    return "failed" not in row
+
+
+def _comparisons(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for peer in [r for r in rows if r["system"] == "mini-swe-agent" and _ok(r)]:
+        ours = [r for r in rows if r["system"] == "uni-agent" and r["concurrency"] == peer["concurrency"]]
+        if not ours:
+            continue
+        best = max(ours, key=lambda r: r["rollouts_per_min"])
+        lines.append(
+            f"side by side at concurrency {peer['concurrency']}: uni-agent ({best['workers']} worker(s)) "
+            f"{best['rollouts_per_min']:.0f} rollouts/min vs mini-swe-agent {peer['rollouts_per_min']:.0f}: ratio "
+            f"{best['rollouts_per_min'] / peer['rollouts_per_min']:.2f}x; fw CPU/turn {best['framework_cpu_ms_per_turn']:.2f}"
+            f" vs {peer['framework_cpu_ms_per_turn']:.2f} ms (ratio {peer['framework_cpu_ms_per_turn'] / best['framework_cpu_ms_per_turn']:.2f}x less);"
+            f" MiB/rollout {best['peak_mib_per_rollout']:.2f} vs {peer['peak_mib_per_rollout']:.2f}")
+    for peer in [r for r in rows if r["system"] == "mini-swe-agent" and not _ok(r)]:
+        lines.append(f"mini-swe-agent at concurrency {peer['concurrency']} failed: {peer['failed'][-300:]}")
+    return lines
+
+
+def _targets(rows: list[dict[str, Any]], options: BenchOptions) -> list[str]:
+    ours = [r for r in rows if r["system"] == "uni-agent"]
+    lines = ["targets (uni-agent):"]
+
+    def mark(ok: bool) -> str:
+        return "MET    " if ok else "NOT MET"
+
+    at = [r for r in ours if r["concurrency"] == TARGET_EFFICIENCY_AT]
+    if at:
+        best = max(at, key=lambda r: r["efficiency"])
+        lines.append(f"  [{mark(best['efficiency'] >= TARGET_EFFICIENCY)}] >= {TARGET_EFFICIENCY} of ideal throughput at "
+                     f"{TARGET_EFFICIENCY_AT} concurrent: {best['efficiency']:.2f} ({best['workers']} worker(s); "
+                     + ", ".join(f"{r['workers']}w {r['efficiency']:.2f}" for r in at) + f") on {os.cpu_count()} CPUs")
+    else:
+        lines.append(f"  [not run] >= {TARGET_EFFICIENCY} of ideal at {TARGET_EFFICIENCY_AT}: add it to --concurrency")
+    if ours:
+        worst = max(ours, key=lambda r: r["framework_cpu_ms_per_turn"])
+        lines.append(f"  [{mark(worst['framework_cpu_ms_per_turn'] < TARGET_CPU_MS_PER_TURN)}] framework CPU < "
+                     f"{TARGET_CPU_MS_PER_TURN:g} ms/turn: " + ", ".join(
+                         f"c{r['concurrency']}/{r['workers']}w {r['framework_cpu_ms_per_turn']:.2f}" for r in ours))
+        worst = max(ours, key=lambda r: r["sandbox_start_p50_ms"])
+        lines.append(f"  [{mark(worst['sandbox_start_p50_ms'] < TARGET_START_P50_MS)}] local sandbox start p50 < "
+                     f"{TARGET_START_P50_MS:g} ms: " + ", ".join(
+                         f"c{r['concurrency']}/{r['workers']}w {r['sandbox_start_p50_ms']:.0f}" for r in ours))
+    big = [r for r in ours if r["concurrency"] == TARGET_FULL_COMPLETION_AT]
+    if big:
+        ok = all(r["ok"] == r["rollouts"] for r in big)
+        lines.append(f"  [{mark(ok)}] {TARGET_FULL_COMPLETION_AT} concurrent rollouts complete without failures: "
+                     + ", ".join(f"{r['workers']}w {r['ok']}/{r['rollouts']}" for r in big))
+    else:
+        lines.append(f"  [not run] {TARGET_FULL_COMPLETION_AT} concurrent rollouts: add it to --concurrency")
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    parser.add_argument("--concurrency", type=ints, default=None, help="concurrent rollouts to sweep (default 16,64,256,1024)")
+    parser.add_argument("--workers", type=ints, default=None, help="Dask worker processes to sweep (default 1,2)")
+    parser.add_argument("--turns", type=int, default=None, help="execute_bash turns per rollout, before submit (default 8)")
+    parser.add_argument("--delay-s", type=float, default=None, help="endpoint latency per LLM call (default 2)")
+    parser.add_argument("--waves", type=int, default=None, help="rollouts = waves x concurrency (default 2)")
+    parser.add_argument("--command", default=None, help="the command each turn runs (default: echo hello && ls)")
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run mini-swe-agent's batch runner on the same workload (needs the bench extra)")
+    parser.add_argument("--peer-max-concurrency", type=int, default=1024)
+    parser.add_argument("--quick", action="store_true",
+                        help="a small sweep (concurrency 4,16; 1 worker; 2 turns of 0.2 s; 1 wave) to check the setup")
+    parser.add_argument("--out", type=Path, help="keep every run's results and logs here (default: a temp dir, removed)")
+    parser.add_argument("--profile", type=Path, help="record py-spy profiles (speedscope) of driver and workers here")
+    parser.add_argument("--json", type=Path, help="also write every figure as JSON here")
+
+
+def options_from(args: argparse.Namespace) -> BenchOptions:
+    quick = dict(concurrency=[4, 16], workers=[1], turns=2, delay_s=0.2, waves=1)
+    full = dict(concurrency=[16, 64, 256, 1024], workers=[1, 2], turns=8, delay_s=2.0, waves=2)
+    base = quick if args.quick else full
+    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
+    return BenchOptions(concurrency=pick("concurrency"), workers=pick("workers"), turns=pick("turns"),
+                        delay_s=pick("delay_s"), waves=pick("waves"),
+                        command=args.command or BenchOptions.command, peer=args.peer,
+                        peer_max_concurrency=args.peer_max_concurrency, out_dir=args.out,
+                        profile_dir=args.profile, json_path=args.json)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
+    print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    failed = [r for r in report["rows"] if r["system"] == "uni-agent" and r["ok"] != r["rollouts"]]
+    return 1 if failed else 0
