@@ -83,6 +83,12 @@ def cmd_preprocess_swe(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def cmd_preprocess_tb(args: argparse.Namespace) -> int:
+    from .terminal_bench.preprocess import run_cli
+
+    return run_cli(args)
+
+
 def cmd_export_preds(args: argparse.Namespace) -> int:
     from .swebench.predictions import export_predictions
 
@@ -110,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.set_defaults(func=cmd_run)
     verify_parser = sub.add_parser("verify", help="grade each task's gold (or an empty) patch")
     add_run_flags(verify_parser)
-    verify_parser.add_argument("--patch", choices=["gold", "empty"], default="gold")
+    verify_parser.add_argument("--patch", choices=["gold", "oracle", "empty"], default="gold",
+                               help="gold/oracle: each task's reference solution (Terminal-Bench: solution/solve.sh)")
     verify_parser.set_defaults(func=cmd_verify)
     convert_parser = sub.add_parser("convert-tasks", help="tasks in SWE-bench instance form → Parquet rows")
     convert_parser.add_argument("--tasks-dir", help="directory of task dirs (default: the bundled tasks)")
@@ -122,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     swe_parser = sub.add_parser("preprocess-swe", help="SWE-bench Verified → Parquet rows for a deployment")
     add_arguments(swe_parser)
     swe_parser.set_defaults(func=cmd_preprocess_swe)
+    from .terminal_bench.preprocess import add_arguments as add_tb_arguments
+
+    tb_parser = sub.add_parser("preprocess-tb", help="Terminal-Bench 2 task folders → Parquet rows for a deployment")
+    add_tb_arguments(tb_parser)
+    tb_parser.set_defaults(func=cmd_preprocess_tb)
     preds_parser = sub.add_parser(
         "export-preds", help="a run's patches → preds.jsonl + the official harness's report shape")
     preds_parser.add_argument("output_dir", help="the run's --output-dir (holds results/ and summary.json)")

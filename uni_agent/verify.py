@@ -7,6 +7,9 @@ Graders (the row's `reward.name`):
 - `swe_local`: bundled and user tasks in SWE-bench form; pytest, our log parser (grading.py).
 - `swe_bench`: SWE-bench instances in the official images; the official eval script, log parsers and resolution
   rule from the `swebench` package (uni_agent/swebench/, needs the `swebench` extra).
+- `terminal_bench`: Terminal-Bench 2 tasks; the patch (the agent's changes under the workdir) is applied in a fresh
+  sandbox of the task's image, then the hidden tests run and write /logs/verifier/reward.txt|json
+  (uni_agent/terminal_bench/verifier.py). The oracle runs the task's solution/solve.sh instead of a patch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .agent_loop import start_sandbox
 from .config import AgentConfig, ConfigError
@@ -27,7 +30,9 @@ from .sandbox import Sandbox, write_file
 GRADERS: dict[str, tuple[str, ...]] = {
     "swe_local": ("test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
     "swe_bench": ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
+    "terminal_bench": ("task_id", "workdir", "tests_archive"),
 }
+ReferenceKind = Literal["gold", "empty", "oracle"]
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider -q"
 LOG_TAIL_CHARS = 8000
 
@@ -44,6 +49,8 @@ class Verification:
     error: str | None = None
     seconds: float = 0.0
     report: dict[str, Any] | None = None  # swe_bench: the official per-instance report (get_eval_report's shape)
+    reward_source: str | None = None  # terminal_bench: reward.txt | reward.json
+    metrics: dict[str, float] = field(default_factory=dict)  # terminal_bench: what the reward file held
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -75,15 +82,42 @@ def verify_patch(agent: AgentConfig, patch: str, name: str = "verify") -> Verifi
     return asyncio.run(verify_patch_async(agent, patch, name))
 
 
-async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify") -> Verification:
+def verify_reference(agent: AgentConfig, kind: ReferenceKind, name: str = "verify") -> Verification:
+    """Grade the task's own answer (for Dask, like verify_patch): `empty` is no change; `gold` and `oracle` are the
+    reference solution: the gold patch of a SWE-style task, solution/solve.sh of a Terminal-Bench task."""
+    if kind == "empty":
+        return verify_patch(agent, "", name)
+    if agent.reward.name == "terminal_bench":
+        return asyncio.run(verify_patch_async(agent, "", name, oracle=True))
+    if "patch" not in agent.reward.metadata:
+        return Verification(status="error", error=f"reward.metadata has no gold `patch` for {kind!r}")
+    return verify_patch(agent, agent.reward.metadata["patch"], name)
+
+
+def _grading_limit(agent: AgentConfig, oracle: bool) -> float:
+    """Seconds the grading may take once the sandbox is up. A Terminal-Bench test script has eval_timeout itself
+    (enforced in the sandbox, so what it wrote is still read back); the bound leaves room around it, and the oracle's
+    solve.sh has the agent's timeout on top."""
+    if agent.reward.name != "terminal_bench":
+        return agent.reward.eval_timeout
+    from .terminal_bench.verifier import COMMAND_OVERHEAD_S
+
+    solve = float(agent.reward.metadata.get("agent_timeout_sec", 600)) + COMMAND_OVERHEAD_S if oracle else 0.0
+    return agent.reward.eval_timeout + COMMAND_OVERHEAD_S + solve
+
+
+async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify",
+                             oracle: bool = False) -> Verification:
     started = time.monotonic()
     outcome = Verification()
     sandbox: Sandbox | None = None
+    limit = _grading_limit(agent, oracle)
     try:
         sandbox = await start_sandbox(agent, name=name)
-        await asyncio.wait_for(_grade_in(sandbox, agent, patch, outcome), agent.reward.eval_timeout)
+        await asyncio.wait_for(_grade_in(sandbox, agent, patch, outcome, oracle), limit)
     except TimeoutError:
-        outcome.status, outcome.error = "timeout", f"verification ran past eval_timeout={agent.reward.eval_timeout:g}s"
+        outcome.status, outcome.error = "timeout", f"verification ran past {limit:g}s (eval_timeout=" \
+                                                   f"{agent.reward.eval_timeout:g}s)"
     except Exception as exc:  # any failure here is recorded on the rollout, never lost
         outcome.status, outcome.error = "error", f"{type(exc).__name__}: {exc}"
     finally:
@@ -93,8 +127,12 @@ async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify
     return outcome
 
 
-async def _grade_in(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
-    if agent.reward.name == "swe_bench":
+async def _grade_in(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification, oracle: bool) -> None:
+    if agent.reward.name == "terminal_bench":
+        from .terminal_bench.verifier import grade_terminal_bench
+
+        await grade_terminal_bench(sandbox, agent, patch, outcome, oracle)
+    elif agent.reward.name == "swe_bench":
         await _grade_swe_bench(sandbox, agent, patch, outcome)
     else:
         await _grade_swe_local(sandbox, agent, patch, outcome)

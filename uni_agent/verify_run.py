@@ -1,6 +1,7 @@
-"""Grade a fixed patch (each task's gold patch, or an empty one) for every row, in parallel as Dask futures.
+"""Grade a fixed answer for every row, in parallel as Dask futures: each task's reference solution (`gold`, or
+`oracle`: the gold patch of a SWE-style task, solution/solve.sh of a Terminal-Bench task) or no change (`empty`).
 
-A sanity check of the tasks and the grader: gold should resolve every task, empty none. No LLM is involved.
+A sanity check of the tasks and the grader: gold/oracle should resolve every task, empty none. No LLM is involved.
 
 Results go to <output_dir>/verify_<patch>.parquet as they arrive (rewritten every few results), so a rerun with the
 same output dir resumes: instances already graded (resolved / wrong_answer) are kept and not run again; those that
@@ -14,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 from distributed import as_completed
@@ -23,7 +24,7 @@ from .config import AgentConfigs, ConfigError
 from .dataset import build_specs
 from .runner import RunOutcome, _cluster_client, _load_rows, _sandbox_workers, resolve_path, verification_placement
 from .settings import RunSettings, load_settings
-from .verify import Verification, verify_patch
+from .verify import ReferenceKind, Verification, verify_reference
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet
@@ -38,7 +39,7 @@ def _bucket(status: str) -> str:
 
 
 def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings | None = None,
-               patch: Literal["gold", "empty"] = "gold", **overrides: Any) -> RunOutcome:
+               patch: ReferenceKind = "gold", **overrides: Any) -> RunOutcome:
     settings = load_settings(settings, **overrides)
     return asyncio.run(_verify_all(data, agent_config, settings, patch))
 
@@ -67,8 +68,7 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
             placement = await verification_placement(client, await _sandbox_workers(client))
             futures = {
                 client.submit(
-                    verify_patch, spec.agent, spec.agent.reward.metadata["patch"] if patch == "gold" else "",
-                    f"{spec.instance_id}-{patch}", pure=False, **placement,
+                    verify_reference, spec.agent, patch, f"{spec.instance_id}-{patch}", pure=False, **placement,
                 ): spec.instance_id
                 for spec in todo
             }
