@@ -1,5 +1,6 @@
-"""Terminal-Bench 2 on the local backend: preprocessing (bundled tasks and bad folders), the reward contract (reward.txt,
-reward.json, missing/unreadable reward files, a broken or slow test.sh), the oracle, and an agent run end to end.
+"""Terminal-Bench 2 on the local backend: preprocessing (bundled tasks and bad folders), the reward contract
+(reward.txt, reward.json, missing/unreadable reward files, a broken or slow test.sh), the oracle, and an agent run
+end to end.
 
 Real parts throughout: the example scripts in subprocesses, bubblewrap sandboxes, a Dask LocalCluster, and a real
 HTTP server (ScriptedLLM) in place of the model. The container backend is in test_terminal_bench_container.py.
@@ -74,7 +75,8 @@ def test_rows_carry_image_workdir_timeouts_resources_and_hidden_tests(local_rows
     csv_row = podman_rows["csv-region-totals"]
     kwargs = csv_row["extra_info"]["tools_kwargs"]
     deployment = kwargs["env"]["deployment"]
-    assert deployment["type"] == "podman" and deployment["image"].startswith("localhost/uni-agent-tb-csv-region-totals:")
+    assert deployment["type"] == "podman"
+    assert deployment["image"].startswith("localhost/uni-agent-tb-csv-region-totals:")
     assert deployment["pull"] == "never" and deployment["network"] == "none"  # built here; allow_internet = false
     assert deployment["workdir"] == "/app" and deployment["cpus"] == 1.0 and deployment["memory"] == "1024m"  # "1G"
     assert kwargs["interaction"]["episode_timeout"] == 300.0  # [agent] timeout_sec: the whole episode
@@ -156,7 +158,8 @@ def test_reward_files_are_read_by_the_contract():
 def test_dockerfile_workdir_env_copies_and_what_needs_an_image(tmp_path):
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text("ARG BASE=x\nFROM ${BASE}\n# comment\nENV A=1 B=\"two words\"\nENV LEGACY some value\n"
-                          "WORKDIR /srv\nWORKDIR app\nCOPY --chown=1:1 a.txt \\\n    b.txt ./\nCOPY [\"d\", \"/srv/app/d\"]\n")
+                          "WORKDIR /srv\nWORKDIR app\nCOPY --chown=1:1 a.txt \\\n    b.txt ./\n"
+                          "COPY [\"d\", \"/srv/app/d\"]\n")
     info = parse_dockerfile(dockerfile)
     assert info.workdir == "/srv/app" and info.host_compatible
     assert info.env == {"A": "1", "B": "two words", "LEGACY": "some value"}
@@ -182,7 +185,8 @@ def test_oracle_earns_one_and_empty_zero_on_the_local_backend(local_rows, tmp_pa
     graded = _verifications(oracle)
     assert graded["csv-region-totals"]["reward_source"] == "reward.json"
     assert graded["csv-region-totals"]["metrics"]["regions_right"] == 1.0
-    assert graded["hello-file"]["reward_source"] == "reward.txt" and "greeting found" in graded["hello-file"]["log_tail"]
+    assert graded["hello-file"]["reward_source"] == "reward.txt"
+    assert "greeting found" in graded["hello-file"]["log_tail"]
     empty = verify_all(local_rows, AGENT_CONFIG, patch="empty", output_dir=str(tmp_path / "empty"),
                        scheduler_address=address, progress=False)
     assert empty.summary["resolved"] == 0 and empty.summary["wrong_answer_ids"] == HOST_TASKS

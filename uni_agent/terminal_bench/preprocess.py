@@ -128,8 +128,8 @@ def _image_for(task: LoadedTask, deployment: str, build: bool, build_args: dict[
     prebuilt = task.config.environment.docker_image
     if deployment == "modal":
         if not prebuilt:
-            raise ConfigError(f"task {task.task_id}: modal needs environment.docker_image (Modal pulls from a registry; "
-                              f"it cannot use an image built here)")
+            raise ConfigError(f"task {task.task_id}: modal needs environment.docker_image (Modal pulls from a "
+                              f"registry; it cannot use an image built here)")
         return prebuilt
     if prebuilt:
         return prebuilt

@@ -64,7 +64,7 @@ def _script(mount: str, script: str, workdir: str, env: dict[str, str], timeout:
     then print the exit code, the files asked for (base64) and the log's tail, each after a marker line."""
     m, w = shlex.quote(mount), shlex.quote(workdir)
     reports = " ".join(shlex.quote(f) for f in report_files)
-    return f"""rm -rf {m} && mkdir -p {m} /logs/agent {VERIFIER_DIR} /logs/artifacts || {{ echo "cannot create {mount}"; exit 90; }}
+    return f"""rm -rf {m} && mkdir -p {m} /logs/agent {VERIFIER_DIR} /logs/artifacts || {{ echo "no {m}"; exit 90; }}
 rm -f {VERIFIER_DIR}/reward.txt {VERIFIER_DIR}/reward.json
 base64 -d | tar -xzf - -C {m} || {{ echo "cannot unpack the archive at {mount}"; exit 91; }}
 chmod -R a+rX {m}; chmod 777 /logs/agent {VERIFIER_DIR} /logs/artifacts
