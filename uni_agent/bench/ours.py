@@ -107,7 +107,7 @@ def _profiles(pids: list[int], profile_dir: Path | None, name: str):
     import subprocess
 
     profile_dir.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format",
+    procs = [subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format",
                                "speedscope", "--output", str(profile_dir / f"{name}-pid{pid}.json")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
     try:
@@ -121,3 +121,13 @@ def _profiles(pids: list[int], profile_dir: Path | None, name: str):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _py_spy() -> str:
+    import shutil
+    import sys
+
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise RuntimeError("--profile needs py-spy (pip install -e '.[bench]')")
+    return found

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -63,18 +64,42 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
 
     Its commands died with it (bwrap --die-with-parent, and the overlay mount lived only in their namespaces), so
     only the directory is left. Run at every sandbox start: another worker on this host may have died since the
-    last one (a directory listing and one small read per sandbox dir, cheap next to starting a sandbox)."""
-    removed = []
-    for sandbox_dir in root.iterdir():
-        try:
-            owner = int((sandbox_dir / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue  # not ours, or still being created
-        if not Path(f"/proc/{owner}").exists():
-            remove_cgroup_of(sandbox_dir.name)
-            shutil.rmtree(sandbox_dir, ignore_errors=True)
-            removed.append(sandbox_dir)
-    return removed
+    last one. Kept cheap with a thousand sandboxes under the root (it was a read per dir per start, O(n^2) in all):
+    each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
+    that finds another one running in this process returns at once (that one is as recent)."""
+    if not _reap_lock.acquire(blocking=False):
+        return []
+    try:
+        removed = []
+        prefix = os.path.join(root, "")  # plain strings: a Path per dir per start is what costs with 1000 dirs
+        names = os.listdir(root)
+        listed = {prefix + name for name in names}
+        for gone in [key for key in _owners if key.startswith(prefix) and key not in listed]:
+            del _owners[gone]
+        alive: dict[int, bool] = {}
+        for name in names:
+            key = prefix + name
+            owner = _owners.get(key)
+            if owner is None:
+                try:
+                    with open(os.path.join(key, OWNER_FILE)) as f:
+                        owner = _owners[key] = int(f.read())
+                except (OSError, ValueError):
+                    continue  # not ours, or still being created
+            if owner not in alive:
+                alive[owner] = os.path.exists(f"/proc/{owner}")
+            if not alive[owner]:
+                remove_cgroup_of(name)
+                shutil.rmtree(key, ignore_errors=True)
+                removed.append(root / name)
+                _owners.pop(key, None)
+        return removed
+    finally:
+        _reap_lock.release()
+
+
+_reap_lock = threading.Lock()
+_owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
 
 
 def cache_root() -> Path:
