@@ -37,6 +37,7 @@ class ChatReply:
     raw_message: dict[str, Any] = field(default_factory=dict)
 
 
+POOL_REQUESTS = 8  # requests in flight per connection pool (see ChatClient.__init__)
 CONTEXT_MARKERS = ("context length", "context window", "maximum context", "exceed context", "too many tokens")
 
 
@@ -57,13 +58,33 @@ class ChatClient:
         self.max_attempts = max_attempts
         self.retry_unreachable = retry_unreachable  # False when a router can send the request to another replica
         self.sampling = dict(sampling or {})
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A dead host should not take the whole request timeout to notice: connecting gets at most 30 s.
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
-                                       timeout=httpx.Timeout(timeout, connect=min(timeout, 30)))
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 30))
+        self._ssl = httpx.create_ssl_context() if self.base_url.startswith("https:") else None
+        # Connection pools, each serving at most POOL_REQUESTS requests at once, added as more are in flight. One
+        # pool with httpx's default limits caps a worker at 100 requests in flight (the rest queue, and idle
+        # connections beyond 20 are closed and reopened), and httpcore scans every connection and queued request of
+        # its pool on each request and response (a poll() per idle connection): with hundreds of rollouts in one
+        # pool that scan was most of a worker's CPU.
+        self._pools: list[httpx.AsyncClient] = []
+        self._in_flight: list[int] = []
+
+    def _pool(self) -> int:
+        """The pool for the next request: the least busy one, or a new one when every pool is full."""
+        if self._pools:
+            index = min(range(len(self._pools)), key=self._in_flight.__getitem__)
+            if self._in_flight[index] < POOL_REQUESTS:
+                return index
+        self._pools.append(httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=self._timeout, verify=self._ssl or False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)))
+        self._in_flight.append(0)
+        return len(self._pools) - 1
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     async def chat(
         self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
@@ -91,12 +112,16 @@ class ChatClient:
 
     async def _post(self, body: dict[str, Any]) -> ChatReply:
         started = time.monotonic()
+        pool = self._pool()
+        self._in_flight[pool] += 1
         try:
-            response = await self._http.post("/chat/completions", json=body)
+            response = await self._pools[pool].post("/chat/completions", json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise EndpointDownError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             raise TransientLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._in_flight[pool] -= 1
         latency = time.monotonic() - started
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientLLMError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")

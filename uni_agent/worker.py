@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ class AgentWorker:
         self.emit = worker_emitter()
 
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
+        use_pidfd_child_watcher()
         session = self.router.session()
         self.in_flight += 1
         try:
@@ -122,6 +125,63 @@ class RolloutSession:
 
     def close(self) -> None:
         self.router.load[self.url] -= 1
+
+
+class _PidfdChildWatcher(asyncio.AbstractChildWatcher):
+    """Python 3.11 waits for every asyncio subprocess in a thread of its own (ThreadedChildWatcher): a thread start
+    per sandbox command, and one more thread contending for the GIL while it runs. Python 3.12 watches a pidfd on the
+    event loop instead; this does the same on 3.11, on whichever loop started the process (a worker runs the agents'
+    loop and, in threads, each verification's own loop)."""
+
+    def add_child_handler(self, pid: int, callback: Any, *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop._add_reader(pidfd, self._exited, loop, pid, pidfd, callback, args)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _exited(loop: Any, pid: int, pidfd: int, callback: Any, args: tuple[Any, ...]) -> None:
+        loop._remove_reader(pidfd)
+        os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+            returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere
+            returncode = 255
+        callback(pid, returncode, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        return False
+
+    def attach_loop(self, loop: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return True
+
+    def __enter__(self) -> _PidfdChildWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_watcher_installed = False
+
+
+def use_pidfd_child_watcher() -> None:
+    """On Python 3.11 and a kernel with pidfds, wait for subprocesses with a pidfd on the event loop (see above)."""
+    global _watcher_installed
+    if _watcher_installed or sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    _watcher_installed = True
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # an old kernel, or a sandbox (gVisor) without pidfd_open: keep the threaded watcher
+        return
+    asyncio.set_child_watcher(_PidfdChildWatcher())
 
 
 def _import(target: str) -> Any:

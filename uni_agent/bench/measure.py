@@ -41,7 +41,7 @@ class PeakMemory:
     """Samples the summed RSS of some processes every `interval` seconds in a thread; `peak - baseline` is what the
     run added. Sampling /proc/<pid>/statm costs microseconds (it is counted in the driver's CPU)."""
 
-    def __init__(self, pids: list[int], interval: float = 0.2):
+    def __init__(self, pids: list[int], interval: float = 0.5):
         self.pids, self.interval = list(pids), interval
         self.baseline = self.peak = self._sample()
         self._stop = threading.Event()
