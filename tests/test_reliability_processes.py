@@ -1,5 +1,6 @@
-"""Reliability under process loss, on real processes: a driver killed with -9 and resumed, and a `dask worker`
-killed with -9 in the middle of a run. Nothing may be lost or recorded twice, and nothing may be left behind.
+"""Reliability under process loss, on real processes: a driver killed with -9 and resumed; a `dask worker` killed
+with -9 in the middle of a run, with and without a nanny that restarts it; every worker lost, with a worker coming
+back and without. Nothing may be lost or recorded twice, and nothing may be left behind.
 
 The model is a ScriptedLLM (a real OpenAI-compatible HTTP server, see uni_agent/testing/scripted_llm.py) with a
 delay per reply, so that the kills land while rollouts are in flight; it counts the requests it gets, which shows
@@ -20,6 +21,7 @@ from distributed import Client
 from conftest import AGENT_CONFIG, REPO_ROOT, _cmd, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.dataset import read_rows
+from uni_agent.runner import AgentWorkersLost
 from uni_agent.sandbox.local import sandbox_root
 from uni_agent.tasks.swe_form import convert
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
@@ -107,9 +109,11 @@ def test_driver_killed_mid_run_resumes_only_missing_rollouts(tmp_path, data):
             poll_until(lambda: len(list((out / "results").glob("part-*.parquet"))) >= 2 or proc.poll() is not None,
                   180, "the first results to be flushed")
             assert proc.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
-            os.killpg(proc.pid, signal.SIGKILL)
+            # The driver process alone: its LocalCluster's worker processes are orphaned and must end by themselves
+            # (they watch their parent), taking their sandboxes' processes with them.
+            os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
-            poll_until(lambda: not _group_alive(proc.pid), 60, "the driver's LocalCluster processes to die")
+            poll_until(lambda: not _group_alive(proc.pid), 60, "the orphaned LocalCluster processes to end")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -151,31 +155,35 @@ def test_driver_killed_mid_run_resumes_only_missing_rollouts(tmp_path, data):
     assert not leaked, f"the API key leaked into {leaked}"
 
 
-@pytest.fixture
-def two_workers(tmp_path):
-    """A real `dask scheduler` and two `dask worker --no-nanny` processes (so a kill -9 is the whole worker)."""
-    scheduler_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    logs = []
-    procs: dict[str, subprocess.Popen] = {}
+class DaskProcesses:
+    """A real `dask scheduler` and `dask worker` processes, started and stopped by the test."""
 
-    def start(name, *args):
-        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed below
-        logs.append(log)
-        procs[name] = subprocess.Popen([DASK, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.scheduler_file = tmp_path / "scheduler.json"
+        self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list = []
 
-    try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-              "--scheduler-file", str(scheduler_file))
-        poll_until(scheduler_file.exists, 60, "the scheduler file")
-        for i in range(2):
-            start(f"worker-{i}", "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-                  "--no-dashboard", "--no-nanny", "--name", f"w{i}", "--nthreads", "2", "--resources", "SANDBOX=8")
-        with Client(scheduler_file=str(scheduler_file)) as client:
-            client.wait_for_workers(2, timeout=60)
-            yield client, procs
-    finally:
-        for proc in reversed(list(procs.values())):
+    def _start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
+        self.procs[name] = subprocess.Popen([DASK, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self.procs[name]
+
+    def start_scheduler(self) -> None:
+        self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                    "--scheduler-file", str(self.scheduler_file))
+        poll_until(self.scheduler_file.exists, 60, "the scheduler file")
+
+    def start_worker(self, name: str, nanny: bool = False) -> subprocess.Popen:
+        """With `nanny=False` a kill -9 of the process is the whole worker; with a nanny, the nanny restarts it."""
+        return self._start(name, "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
+                           "--no-dashboard", "--nanny" if nanny else "--no-nanny", "--name", name, "--nthreads", "2",
+                           "--resources", "SANDBOX=8")
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.terminate()
                 try:
@@ -183,49 +191,166 @@ def two_workers(tmp_path):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(10)
-        for log in logs:
+        for log in self.logs:
             log.close()
 
 
+@pytest.fixture
+def dask_processes(tmp_path):
+    processes = DaskProcesses(tmp_path)
+    try:
+        processes.start_scheduler()
+        yield processes
+    finally:
+        processes.stop()
+
+
+@pytest.fixture(params=[False, True], ids=["no-nanny", "nanny"])
+def two_workers(request, dask_processes):
+    """Two workers; the first one is the victim. With a nanny, the victim comes back under a new address."""
+    for i in range(2):
+        dask_processes.start_worker(f"w{i}", nanny=request.param)
+    with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client, dask_processes, request.param
+
+
+def _kill_and_wait(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    poll_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), 30, f"pid {pid} to die")
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def _scripted_agents(concurrency: int) -> AgentConfigs:
+    return AgentConfigs.load(AGENT_CONFIG).override_all(
+        {"concurrency": concurrency, "interaction": {"tools_in": "api", "constrain_tool_calls": False}})
+
+
+def _assert_each_once(results: pd.DataFrame, expected: set) -> None:
+    keys = list(zip(results.instance_id, results.rollout.astype(int)))
+    assert len(keys) == len(set(keys)), "a rollout was recorded twice"
+    assert set(keys) == expected, f"lost: {expected - set(keys)}"
+    assert (results.exit_reason == "submitted").all(), results[["instance_id", "rollout", "worker", "error"]]
+
+
 def test_worker_killed_mid_run_loses_no_rollout(tmp_path, data, two_workers):
-    client, procs = two_workers
+    client, processes, nanny = two_workers
     rows = read_rows(data)
     n = 2
     expected = {(r["instance_id"], k) for r in rows for k in range(n)}
     root = sandbox_root()
     before = set(root.iterdir())
-    pids = client.run(os.getpid)
-    victim_address = next(a for a, pid in pids.items() if pid == procs["worker-0"].pid)
-    agents = AgentConfigs.load(AGENT_CONFIG).override_all(
-        {"concurrency": 4, "interaction": {"tools_in": "api", "constrain_tool_calls": False}})
-
+    victim_address, victim_pid = next((a, pid) for a, pid in client.run(os.getpid).items() if "w0" in
+                                      client.scheduler_info()["workers"][a]["name"])
     killed = {}
 
     def killer_policy(body):
-        # Once a few rollouts are underway, kill -9 the worker holding agent-worker actor 0 (from the server
-        # thread, while that worker has rollouts in flight), then answer as usual.
+        # Once a few rollouts are underway, kill -9 the worker process of w0 (from the server thread, while it
+        # has rollouts in flight), then answer as usual.
         reply = look_then_submit(body)
         if len(server.requests) >= 6 and not killed:
             killed["at"] = len(server.requests)
-            procs["worker-0"].kill()
-            procs["worker-0"].wait(30)  # reaped: its pid is gone, so its sandbox dirs count as orphaned
+            if nanny:  # the nanny reaps it and starts a new one
+                _kill_and_wait(victim_pid)
+            else:  # reaped here, so its pid is gone and its sandbox dirs count as orphaned
+                processes.procs["w0"].kill()
+                processes.procs["w0"].wait(30)
         return reply
 
     with ScriptedLLM(killer_policy, delay_s=0.5) as server:
-        outcome = run(str(data), agents, client=client, engine="external", base_url=server.base_url,
+        outcome = run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
                       model_name="scripted", num_workers=2, n=n, output_dir=str(tmp_path / "out"), progress=False,
                       flush_every=1)
     assert killed, "the worker was never killed"
     # Rollouts that were in flight on the killed worker had already asked the model: their requests were made
-    # twice (once lost with the worker, once on the survivor).
+    # twice (once lost with the worker, once on another).
     assert len(server.requests) > len(expected) * REQUESTS_PER_ROLLOUT, len(server.requests)
     results = _results(tmp_path / "out")
-    keys = list(zip(results.instance_id, results.rollout.astype(int)))
-    assert len(keys) == len(set(keys)), "a rollout was recorded twice"
-    assert set(keys) == expected, f"lost: {expected - set(keys)}"
+    _assert_each_once(results, expected)  # the lost rollouts ran again and finished normally
     assert len(outcome.results) == len(expected)
-    # The lost rollouts ran again on the surviving worker and finished normally.
-    assert (results.exit_reason == "submitted").all(), results[["instance_id", "rollout", "worker", "error"]]
-    survivors = set(results.worker) - {victim_address}
-    assert survivors, results.worker.tolist()
+    assert set(results.worker) - {victim_address}, results.worker.tolist()
+    if nanny:  # the nanny brought the worker back, under a new address
+        poll_until(lambda: any("w0" in w["name"] and a != victim_address
+                               for a, w in client.scheduler_info()["workers"].items()), 60, "w0 to be restarted")
     poll_until(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")
+
+
+def test_every_worker_lost_then_one_joins_the_run_completes(tmp_path, data, dask_processes):
+    """Both workers die mid-run; a new one joins (a requeued SLURM job, say): new agent workers start on it and
+    the run completes with every rollout exactly once."""
+    for i in range(2):
+        dask_processes.start_worker(f"w{i}")
+    expected = {(r["instance_id"], 0) for r in read_rows(data)}
+    root = sandbox_root()
+    before = set(root.iterdir())
+    killed = {}
+
+    def killer_policy(body):
+        reply = look_then_submit(body)
+        if len(server.requests) >= 6 and not killed:
+            killed["at"] = len(server.requests)
+            for name in ("w0", "w1"):
+                dask_processes.procs[name].kill()
+                dask_processes.procs[name].wait(30)
+            dask_processes.start_worker("w2")
+        return reply
+
+    with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
+        client.wait_for_workers(2, timeout=60)
+        with ScriptedLLM(killer_policy, delay_s=0.5) as server:
+            run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
+                model_name="scripted", num_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
+                flush_every=1, worker_wait_timeout=120)
+        w2 = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w2")
+    assert killed, "the workers were never killed"
+    results = _results(tmp_path / "out")
+    _assert_each_once(results, expected)
+    assert w2 in set(results.worker), "no rollout ran on the worker that joined"
+    poll_until(lambda: not _sandbox_leftovers(root, before), 30, "no sandbox dirs or bwrap processes left")
+
+
+def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_path, data, dask_processes):
+    """Both workers die and none comes back within worker_wait_timeout: the run stops with an error that says
+    what to do, the finished rollouts are on disk, the unfinished ones are not recorded (no `error` rows that a
+    rerun would skip), and a rerun on a new worker runs exactly the missing ones."""
+    for i in range(2):
+        dask_processes.start_worker(f"w{i}")
+    expected = {(r["instance_id"], 0) for r in read_rows(data)}
+    out = tmp_path / "out"
+    killed = {}
+
+    def killer_policy(body):
+        reply = look_then_submit(body)
+        if len(server.requests) >= 10 and not killed:
+            killed["at"] = len(server.requests)
+            for name in ("w0", "w1"):
+                dask_processes.procs[name].kill()
+                dask_processes.procs[name].wait(30)
+        return reply
+
+    with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
+        client.wait_for_workers(2, timeout=60)
+        with ScriptedLLM(killer_policy, delay_s=0.5) as server:
+            with pytest.raises(AgentWorkersLost, match="rerun with the same output dir") as lost:
+                run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
+                    model_name="scripted", num_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1,
+                    worker_wait_timeout=3)
+            first = _results(out)
+            done = set(zip(first.instance_id, first.rollout.astype(int)))
+            assert len(done) == len(first) and 0 < len(first) < len(expected), len(first)
+            assert (first.exit_reason == "submitted").all(), first[["instance_id", "error"]]
+            assert f"{len(expected) - len(first)} of {len(expected)} rollouts did not finish" in str(lost.value)
+
+            dask_processes.start_worker("w2")
+            client.wait_for_workers(1, timeout=60)
+            before_rerun = len(server.requests)
+            run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
+                model_name="scripted", num_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1)
+            assert len(server.requests) - before_rerun == (len(expected) - len(done)) * REQUESTS_PER_ROLLOUT
+    _assert_each_once(_results(out), expected)

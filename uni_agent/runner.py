@@ -40,6 +40,12 @@ from .worker import AgentWorker
 
 log = structlog.get_logger("uni_agent.runner")
 ACTOR_RETRIES = 2  # a rollout whose actor call failed (worker lost) runs again on another actor
+ACTOR_START_TIMEOUT = 60.0  # an actor pinned to a worker that died before the scheduler noticed never starts
+
+
+class AgentWorkersLost(RuntimeError):
+    """Every agent worker was lost and no dask worker came back to host new ones. The results recorded so far are
+    on disk; the rollouts that did not finish are not recorded, so a rerun with the same output dir runs them."""
 
 
 @dataclass
@@ -108,10 +114,12 @@ async def run_async(
     todo = [s for s in specs if s.key not in done]
     print(f"uni-agent run {run_id}: {len(specs) // settings.n} tasks x n={settings.n} = {len(specs)} rollouts"
           f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run)", file=sys.stderr)
-    if todo:
-        async with _cluster_client(settings, scheduler_address) as client:
-            await _run_rollouts(client, todo, settings, store, log_dir)
-    store.flush()
+    try:
+        if todo:
+            async with _cluster_client(settings, scheduler_address) as client:
+                await _run_rollouts(client, todo, settings, store, log_dir)
+    finally:  # whatever ended the run, what finished is on disk for the rerun
+        store.flush()
 
     wanted = {s.key for s in specs}
     results = store.read()
@@ -184,26 +192,89 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
     except Exception as exc:
         log.warning("dashboard_not_registered", error=repr(exc))
     engines = await start_engines(client, settings, str(log_dir))
-    actors: list[Any] = []
-    actor_futures: list[Any] = []  # an actor lives only while its future is referenced
+    pool = _AgentPool(client, engines, settings, log_dir)
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
         workers = await _sandbox_workers(client)
         for i in range(max(1, settings.num_workers)):
-            future = client.submit(
-                AgentWorker, engines.urls, engines.model_name, engines.api_key, settings.sampling(),
-                settings.llm_timeout, str(log_dir), settings.log_level,
-                actor=True, workers=[workers[i % len(workers)]], key=f"agent-worker-{i}-{uuid.uuid4().hex[:8]}",
-            )
-            actor_futures.append(future)
-            actors.append(await future)
-        dispatcher = _Dispatcher(client, actors, store, settings, await verification_placement(client, workers))
+            await pool.start_actor(workers[i % len(workers)])
+        dispatcher = _Dispatcher(client, pool, store, settings, await verification_placement(client, workers))
         await dispatcher.run(todo)
     finally:
-        for actor in actors:
+        await pool.close()
+        await engines.stop()
+
+
+class _AgentPool:
+    """The AgentWorker actors of a run. An actor whose worker is gone is replaced by a new one on a live sandbox
+    worker (a nanny-restarted worker, or one that joined later), waiting up to `worker_wait_timeout` for one."""
+
+    def __init__(self, client: Client, engines: Any, settings: RunSettings, log_dir: Path):
+        self.client, self.engines, self.settings, self.log_dir = client, engines, settings, log_dir
+        self.actors: list[Any] = []
+        self.futures: list[Any] = []  # an actor lives only while its future is referenced
+        self._replacing = asyncio.Lock()
+
+    async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> Any:
+        e = self.engines
+        future = self.client.submit(
+            AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
+            str(self.log_dir), self.settings.log_level,
+            actor=True, workers=[worker], key=f"agent-worker-{len(self.futures)}-{uuid.uuid4().hex[:8]}",
+        )
+        try:
+            actor = await asyncio.wait_for(future, timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.client.cancel([future])
+            raise
+        self.futures.append(future)
+        self.actors.append(actor)
+        return actor
+
+    async def live_workers(self) -> set[str]:
+        try:
+            return set((await self.client.scheduler.identity(n_workers=-1))["workers"])
+        except Exception:  # cannot tell: count every actor as alive rather than drop it for a scheduler hiccup
+            return {getattr(a, "_address", "") for a in self.actors}
+
+    async def is_alive(self, actor: Any) -> bool:
+        """Whether the scheduler still knows the worker that holds `actor` (a failed call alone does not say)."""
+        return getattr(actor, "_address", None) in await self.live_workers()
+
+    async def replace(self, lost: Any) -> bool:
+        """Drop a lost actor and, if no live actor is left to carry the run, start one on a live sandbox worker.
+        False when no worker came back within `worker_wait_timeout`."""
+        async with self._replacing:  # many rollouts notice the same loss at once: replace once
+            if lost in self.actors:
+                self.actors.remove(lost)
+                log.warning("agent_worker_lost", worker=getattr(lost, "_address", ""), actors_left=len(self.actors))
+            live = await self.live_workers()
+            self.actors = [a for a in self.actors if getattr(a, "_address", None) in live]
+            if len(self.actors) >= max(1, self.settings.num_workers):
+                return True
+            deadline = time.monotonic() + self.settings.worker_wait_timeout
+            while True:
+                with contextlib.suppress(RuntimeError):  # RuntimeError: no worker can take sandboxes (yet)
+                    workers = await _sandbox_workers(self.client, self.settings.gpu_resource_name)
+                    if workers:
+                        held = [getattr(a, "_address", None) for a in self.actors]
+                        worker = min(workers, key=held.count)  # the live worker holding the fewest actors
+                        with contextlib.suppress(Exception):  # the worker may die before the actor is up
+                            remaining = deadline - time.monotonic()
+                            actor = await self.start_actor(worker, min(ACTOR_START_TIMEOUT, max(5.0, remaining)))
+                            log.warning("agent_worker_replaced", worker=worker)
+                            return actor is not None
+                if self.actors:
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(1)
+
+    async def close(self) -> None:
+        for actor in self.actors:
             with contextlib.suppress(Exception):
                 await actor.close()
-        await engines.stop()
 
 
 async def _sandbox_workers(client: Client, gpu_resource: str = "GPU") -> list[str]:
@@ -230,14 +301,14 @@ async def verification_placement(client: Client, workers: list[str]) -> dict[str
 class _Dispatcher:
     """Feeds rollouts to the least-busy agent worker, bounded by each agent's `concurrency`."""
 
-    def __init__(self, client: Client, actors: list[Any], store: ResultStore, settings: RunSettings,
+    def __init__(self, client: Client, pool: _AgentPool, store: ResultStore, settings: RunSettings,
                  placement: dict[str, Any]):
-        self.client, self.actors, self.store, self.settings = client, actors, store, settings
-        self.in_flight = [0] * len(actors)
-        self.lost: set[int] = set()  # actors whose worker is gone: never picked again
+        self.client, self.pool, self.store, self.settings = client, pool, store, settings
+        self.in_flight: dict[int, int] = {}  # id(actor) -> rollouts running on it
         self.limits: dict[str, asyncio.Semaphore] = {}
         self.placement = placement
         self.progress = _Progress(settings.progress)
+        self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
 
     async def _emit(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
         try:
@@ -254,12 +325,22 @@ class _Dispatcher:
             await asyncio.gather(*(self._one(spec) for spec in todo))
         finally:
             self.progress.close()
+        if self.not_run:
+            raise AgentWorkersLost(
+                f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
+                f" s: {len(self.not_run)} of {len(todo)} rollouts did not finish and are not recorded; rerun with the "
+                "same output dir to run them")
 
     async def _one(self, spec: RolloutSpec) -> None:
         limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
         async with limit:
             self.progress.started()
-            result = await self._rollout(spec)
+            try:
+                result = await self._rollout(spec)
+            except AgentWorkersLost:
+                self.not_run.append(spec)
+                await self._emit(spec, "failed", error="every agent worker was lost", exit_reason="error")
+                return
             if self.settings.verify:
                 await self._emit(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
@@ -272,33 +353,22 @@ class _Dispatcher:
     async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
         last_error = ""
         for _attempt in range(ACTOR_RETRIES + 1):
-            live = [i for i in range(len(self.actors)) if i not in self.lost]
-            if not live:
-                last_error = last_error or "every agent worker was lost"
-                break
-            index = min(live, key=self.in_flight.__getitem__)
-            self.in_flight[index] += 1
+            if not self.pool.actors and not await self.pool.replace(None):
+                raise AgentWorkersLost()
+            actor = min(self.pool.actors, key=lambda a: self.in_flight.get(id(a), 0))
+            self.in_flight[id(actor)] = self.in_flight.get(id(actor), 0) + 1
             try:
-                return await self.actors[index].run_rollout(spec)
+                return await actor.run_rollout(spec)
             except Exception as exc:  # the actor or its worker failed, not the rollout: try another actor
                 last_error = redact(f"{type(exc).__name__}: {exc}")
                 log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout,
                             error=last_error)
-                if not await self._worker_alive(self.actors[index]):
-                    self.lost.add(index)
-                    log.warning("agent_worker_lost", actor=index, worker=getattr(self.actors[index], "_address", ""))
+                if not await self.pool.is_alive(actor) and not await self.pool.replace(actor):
+                    raise AgentWorkersLost() from exc
             finally:
-                self.in_flight[index] -= 1
+                self.in_flight[id(actor)] -= 1
         return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
                              exit_reason="error", error=f"agent worker failed: {last_error}")
-
-    async def _worker_alive(self, actor: Any) -> bool:
-        """Whether the scheduler still knows the worker that holds `actor` (a failed call alone does not say)."""
-        try:
-            workers = (await self.client.scheduler.identity(n_workers=-1))["workers"]
-        except Exception:
-            return True
-        return getattr(actor, "_address", None) in workers
 
     async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
         future = self.client.submit(
