@@ -24,20 +24,32 @@ def dask_client(tmp_path_factory):
         yield client
 
 
-@pytest.fixture
-def no_leftover_sandboxes():
-    """Asserts after the test that no sandbox directory, mount or bwrap process was left behind."""
+@pytest.fixture(autouse=True)
+def no_leftover_sandboxes(tmp_path_factory):
+    """After every test: no sandbox dir, mount or bwrap process of this session's sandboxes is left behind.
+
+    Sandboxes of this session live under its sandbox root or, for tests that point the root elsewhere, under
+    pytest's base temp dir; processes of other test runs on the machine are not counted. Sandboxes close in worker
+    processes too, so it allows a few seconds for them to finish before failing the test."""
     from uni_agent.sandbox.local import sandbox_root
 
     root = sandbox_root()
+    markers = (str(root), str(tmp_path_factory.getbasetemp()))
     before = set(root.iterdir())
     yield
-    leftover = set(root.iterdir()) - before
-    assert not leftover, f"sandbox dirs left behind: {leftover}"
-    assert str(root) not in Path("/proc/self/mounts").read_text()
-    bwraps = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
-              and str(root) in _cmd(p)]
-    assert not bwraps, f"bwrap processes left: {[_cmd(p) for p in bwraps]}"
+
+    def leftovers() -> list[str]:
+        dirs = [str(p) for p in set(root.iterdir()) - before]
+        mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if any(m in line for m in markers)]
+        bwraps = [_cmd(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
+                  and any(m in _cmd(p) for m in markers)]
+        return dirs + mounts + bwraps
+
+    deadline = time.monotonic() + 15
+    while (found := leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, f"left behind by this test: {found}"
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ FAULT_PLAN = {
 LLM_TIMEOUT = 2.0
 
 
-def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask_client, no_leftover_sandboxes,
+def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask_client,
                                                           request):
     plan = {INSTANCES[i]["instance_id"]: fault for i, fault in FAULT_PLAN.items()}
     seen: Counter = Counter()
@@ -144,7 +144,7 @@ class FlakyStartSandbox(LocalSandbox):
             raise SandboxStartError(f"injected start failure of {self.name}")
 
 
-def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch, no_leftover_sandboxes):
+def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch):
     """30% of sandbox starts fail: the agent loop retries them (start_retries) and every rollout completes."""
     monkeypatch.setattr(agent_loop, "make_sandbox",
                         lambda deployment, env, name: FlakyStartSandbox(deployment, env, name=name))
@@ -169,7 +169,7 @@ def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch,
     assert FlakyStartSandbox.starts == len(specs) + FlakyStartSandbox.failures
 
 
-def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeypatch, no_leftover_sandboxes):
+def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeypatch):
     class BrokenSandbox(LocalSandbox):
         async def start(self) -> None:
             await super().start()
@@ -194,8 +194,7 @@ def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeyp
         assert result.error == "SandboxStartError: injected: the sandbox never comes up"
 
 
-def test_sandbox_removed_mid_rollout_ends_that_rollout_with_a_clear_error(rows, tmp_path, dask_client,
-                                                                           no_leftover_sandboxes):
+def test_sandbox_removed_mid_rollout_ends_that_rollout_with_a_clear_error(rows, tmp_path, dask_client):
     victim = rows[0]["instance_id"]
     removed = []
 

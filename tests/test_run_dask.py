@@ -44,7 +44,7 @@ def _run(rows, tmp_path, client, server, agents=None, **overrides):
                client=client, **settings)
 
 
-def test_solver_resolves_tasks_and_results_are_written(rows, tmp_path, dask_client, no_leftover_sandboxes):
+def test_solver_resolves_tasks_and_results_are_written(rows, tmp_path, dask_client):
     with ScriptedLLM(solver) as server:
         outcome = _run(rows[:4], tmp_path, dask_client, server, n=2)
     results = pd.read_parquet(tmp_path / "out" / "results")

@@ -363,6 +363,27 @@ def test_host_files_outside_the_sandbox_are_not_visible(repo: Path, tmp_path: Pa
     with_sandbox(repo, body)
 
 
+def test_installed_package_with_the_hidden_tests_is_not_visible(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed without -e, uni_agent lives in the venv the sandbox mounts for `python`, and its bundled tasks
+    hold tests and solutions: the sandbox shows an empty directory there. (Here the repository is mounted as if
+    it were a Python dir, which is what a non-editable install amounts to.)"""
+    from uni_agent.sandbox import local
+
+    repo_root = str(Path(local.PACKAGE_DIR).parent)
+    monkeypatch.setattr(local, "_python_dirs", lambda: [repo_root])
+    bundled = Path(local.BUNDLED_TASKS_DIR)
+    assert any(bundled.iterdir())
+
+    async def body(box: LocalSandbox) -> tuple[str, str]:
+        package = await box.exec(f"ls -A {local.PACKAGE_DIR}", 10)
+        beside = await box.exec(f"ls {repo_root}", 10)
+        return package.output, beside.output
+
+    package, beside = with_sandbox(repo, body)
+    assert package == "", package
+    assert "uni_agent" in beside.split()  # the mount itself worked: only the package is masked
+
+
 def test_only_workspace_tmp_and_home_are_writable(repo: Path) -> None:
     async def body(box: LocalSandbox) -> None:
         for path in ("/usr/ua-probe", "/etc/ua-probe", "/usr/bin/ua-probe", f"{_python_dirs()[0]}/ua-probe"):
@@ -405,7 +426,8 @@ def test_fork_bomb_is_contained_and_the_sandbox_stays_usable(repo: Path) -> None
         peak = box.process_limit.peak()
         assert peak is not None and 40 <= peak <= 48, peak  # it did fork up to the cap, and not past it
         assert b"Resource temporarily unavailable" in result.stdout
-        assert box.process_limit.processes() == []  # the timeout killed every process of the bomb
+        # The timeout killed every process of the bomb (the pid namespace goes down a moment after its init).
+        await asyncio.to_thread(poll_until, lambda: box.process_limit.processes() == [], 10, "the bomb to die")
         # The host (this process) can still start processes, and so can the sandbox.
         assert (await asyncio.create_subprocess_exec("true")).pid > 0
         after = await box.exec("echo alive", 10)

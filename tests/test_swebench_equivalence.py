@@ -303,7 +303,7 @@ def _agent(task, **reward):
     ("tamper", "unresolved", True),
     ("garbage", "patch_failed", False),
 ])
-def test_swe_bench_grader_in_a_bubblewrap_sandbox(tiny_task, patch_kind, status, patch_applied, no_leftover_sandboxes):
+def test_swe_bench_grader_in_a_bubblewrap_sandbox(tiny_task, patch_kind, status, patch_applied):
     from uni_agent.verify import verify_patch
 
     patch = {"gold": tiny_task["gold"], "empty": "", "tamper": tiny_task["tamper"],
@@ -329,7 +329,7 @@ def test_swe_bench_grader_in_a_bubblewrap_sandbox(tiny_task, patch_kind, status,
         assert outcome.fail_to_pass["tests/test_new.py::test_new"] == "FAILED"
 
 
-def test_swe_bench_grader_with_an_add_only_test_patch(tiny_task, no_leftover_sandboxes):
+def test_swe_bench_grader_with_an_add_only_test_patch(tiny_task):
     """The test patch only adds a file, and the agent created that file first: it is replaced, HEAD stays put."""
     from uni_agent.verify import verify_patch
 
@@ -345,7 +345,7 @@ def test_swe_bench_grader_with_an_add_only_test_patch(tiny_task, no_leftover_san
     assert gold.status == "resolved", gold.log_tail[-3000:]
 
 
-def test_a_timeout_is_reported_as_such(tiny_task, no_leftover_sandboxes):
+def test_a_timeout_is_reported_as_such(tiny_task):
     from uni_agent.verify import verify_patch
 
     agent = _agent(tiny_task, eval_timeout=10)

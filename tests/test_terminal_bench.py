@@ -249,7 +249,7 @@ def check_agent_run(outcome, tasks: list[str], out: Path) -> pd.DataFrame:
     return results
 
 
-def test_agent_run_end_to_end_on_the_local_backend(local_rows, tmp_path, dask_client, no_leftover_sandboxes):
+def test_agent_run_end_to_end_on_the_local_backend(local_rows, tmp_path, dask_client):
     agents = AgentConfigs.load(AGENT_CONFIG).override_all(
         {"interaction": {"tools_in": "api", "constrain_tool_calls": False}})
     with ScriptedLLM(terminal_agent) as server:

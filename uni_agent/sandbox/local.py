@@ -32,7 +32,8 @@ from ..config import LocalDeploymentConfig
 from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
 from .process_limit import ProcessLimit, remove_cgroup_of
 
-BUNDLED_TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks" / "bundled"
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+BUNDLED_TASKS_DIR = Path(PACKAGE_DIR) / "tasks" / "bundled"
 CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # output beyond this is counted, not kept (a `yes` must not eat memory)
 STATE_DIR_IN_SANDBOX = "/run/uni-agent"
 
@@ -265,8 +266,11 @@ class LocalSandbox(ClosingContext):
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--bind", str(d / "tmp"), "/tmp", "--bind", str(d / "home"), "/root",
                  "--bind", str(d / "state"), STATE_DIR_IN_SANDBOX]
-        for python_dir in _python_dirs():
+        python_dirs = _python_dirs()
+        for python_dir in python_dirs:
             args += ["--ro-bind", python_dir, python_dir]
+        if any(PACKAGE_DIR.startswith(d + "/") for d in python_dirs):  # installed into the venv, not editable:
+            args += ["--tmpfs", PACKAGE_DIR]  # its bundled tasks hold the tests and solutions the agent must not see
         args += ["--bind", str(d / "merged"), self.workdir, "--chdir", self.workdir]
         for key, value in env.items():
             args += ["--setenv", key, value]
