@@ -14,12 +14,12 @@ from container_image import ImageUnavailable, ensure_image
 from test_sandbox_container import labelled_containers
 from test_terminal_bench import BUNDLED, check_agent_run, preprocess, terminal_agent
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assistant_turns
 from uni_agent import run
 from uni_agent.config import AgentConfigs
 from uni_agent.dataset import read_rows
 from uni_agent.sandbox.container import owner_id
-from uni_agent.testing.scripted_llm import ScriptedLLM
+from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
 from uni_agent.verify_run import verify_all
 
 PODMAN_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_podman.yaml"
@@ -69,5 +69,33 @@ def test_agent_run_end_to_end_in_task_images(podman_rows, tmp_path, dask_client)
                       model_name="scripted", num_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
     results = check_agent_run(outcome, BUNDLED, tmp_path / "out")
     # The image's workdir is no repository: the rollout's first command made a baseline commit, so the agent's
-    # change came back as a diff and was graded in a fresh container of the same image.
+    # change also comes back as a diff (the grading itself ran in the agent's container).
     assert "+grezvany orapu" in results.loc["use-installed-tool", "patch"]
+
+
+def test_verifier_runs_where_the_agent_worked(tmp_path, dask_client):
+    """A task whose answer lies outside the workdir (/etc/greeter/port): the tests run in the agent's own
+    container after its episode (reward.in_agent_sandbox), as Terminal-Bench's harness runs them, so they see it.
+    A fresh container with the workdir's diff replayed would not: the patch is empty."""
+    base, _ = ensure_image()
+    preprocess(tmp_path, "--tasks-dir", str(REPO_ROOT / "tests" / "fixtures" / "terminal_bench_machine"),
+               "--deployment", "podman", "--build-images", "--build-arg", f"BASE_IMAGE={base}",
+               "--build-network", "none")
+    rows = read_rows(tmp_path / "terminal_bench_v2_podman.parquet")
+    assert [r["extra_info"]["tools_kwargs"]["reward"]["in_agent_sandbox"] for r in rows] == [True]
+
+    def configure_then_submit(body):
+        if assistant_turns(body) == 0:
+            command = "mkdir -p /etc/greeter && echo 8042 > /etc/greeter/port"
+            return tool_call_message("execute_bash", {"command": command})
+        return tool_call_message("submit", {})
+
+    with ScriptedLLM(configure_then_submit) as server:
+        outcome = run(rows, AgentConfigs.load(PODMAN_CONFIG), client=dask_client, engine="external",
+                      base_url=server.base_url, model_name="scripted", output_dir=str(tmp_path / "out"),
+                      progress=False, n=1)
+    result = outcome.results.iloc[0]
+    verification = json.loads(result["verification"])
+    assert result["reward"] == 1.0 and verification["status"] == "resolved", verification
+    assert result["patch"] == ""  # nothing changed under the workdir: a replayed diff would have scored 0
+    assert result["verify_s"] > 0

@@ -2,7 +2,8 @@
 
 start sandbox (retried) → post-setup → turns: ask the model → parse tool calls → run them → observations …
 until `submit`, max_turns, the context limit, the timeout budget, or an error → patch = git diff → close sandbox.
-Verification is not done here: it runs afterwards as a Dask future in a fresh sandbox.
+Verification runs afterwards as a Dask future in a fresh sandbox, or, for a reward graded in the agent's own sandbox
+(reward.in_agent_sandbox: Terminal-Bench), here before the sandbox closes.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class UniAgentLoop:
             result.exit_reason, result.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             if sandbox is not None:
-                await self._collect_patch_and_close(sandbox, result)
+                await self._collect_patch_and_close(sandbox, result, spec.grade_in_sandbox)
         result.messages = redact(json.dumps(messages, ensure_ascii=False))
         if result.error is not None:  # an endpoint's error body may echo the request's credentials
             result.error = redact(result.error)
@@ -132,14 +133,19 @@ class UniAgentLoop:
         bound.info("rollout_finished", exit_reason=result.exit_reason, turns=result.num_turns, error=result.error)
         return result
 
-    @staticmethod
-    async def _collect_patch_and_close(sandbox: Sandbox, result: RolloutResult) -> None:
+    async def _collect_patch_and_close(self, sandbox: Sandbox, result: RolloutResult, grade: bool) -> None:
         # Whatever ended the episode, the work done so far is kept: a max_turns or timeout rollout is still graded.
         try:
             result.patch = await workspace_patch(sandbox)
         except (SandboxError, OSError) as exc:
             if result.error is None:
                 result.exit_reason, result.error = "error", f"could not collect the patch: {exc}"
+        try:
+            if grade:  # reward.in_agent_sandbox: the tests see the machine as the agent left it
+                from .verify import grade_in_sandbox  # verify imports this module
+
+                self._state("verifying")
+                result.record(await grade_in_sandbox(sandbox, self.agent))
         finally:
             await sandbox.close()
 

@@ -188,6 +188,9 @@ class RewardConfig(StrictModel):
     """The grader: `swe_local` (bundled and user tasks in SWE-bench form)."""
     eval_timeout: float = 600
     metadata: dict[str, Any] = Field(default_factory=dict)
+    in_agent_sandbox: bool = False
+    """Grade in the agent's own sandbox right after its episode, as Terminal-Bench does (the tests see everything
+    the agent changed, installed packages included). False: in a fresh sandbox from the patch, as SWE-bench does."""
 
 
 class AgentConfig(StrictModel):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .config import AgentConfig
+
+if TYPE_CHECKING:
+    from .verify import Verification
 
 ExitReason = Literal["submitted", "max_turns", "context_limit", "timeout_budget", "error"]
 EXIT_REASONS: tuple[str, ...] = ("submitted", "max_turns", "context_limit", "timeout_budget", "error")
@@ -20,6 +23,7 @@ class RolloutSpec:
     row_index: int
     prompt: list[dict[str, Any]]
     agent: AgentConfig
+    grade_in_sandbox: bool = False  # the agent loop grades before closing its sandbox (reward.in_agent_sandbox)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -55,3 +59,11 @@ class RolloutResult:
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def record(self, verification: Verification) -> None:
+        """Take a verification's reward; a grading that failed to run also becomes the rollout's error."""
+        self.reward, self.resolved = verification.reward, verification.resolved
+        self.verify_s = verification.seconds
+        self.verification = verification.to_json()
+        if verification.status in ("error", "timeout") and self.error is None:
+            self.error = f"verification {verification.status}: {verification.error}"

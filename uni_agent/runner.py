@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -335,13 +336,15 @@ class _Dispatcher:
         limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
         async with limit:
             self.progress.started()
+            if self.settings.verify and spec.agent.reward.in_agent_sandbox:
+                spec = dataclasses.replace(spec, grade_in_sandbox=True)
             try:
                 result = await self._rollout(spec)
             except AgentWorkersLost:
                 self.not_run.append(spec)
                 await self._emit(spec, "failed", error="every agent worker was lost", exit_reason="error")
                 return
-            if self.settings.verify:
+            if self.settings.verify and not spec.grade_in_sandbox:
                 await self._emit(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
         self.store.add(result)
@@ -388,11 +391,7 @@ class _Dispatcher:
             verification = Verification(status="timeout", error=f"no verification result within {limit:g} s")
         except Exception as exc:
             verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
-        result.reward, result.resolved = verification.reward, verification.resolved
-        result.verify_s = verification.seconds
-        result.verification = verification.to_json()
-        if verification.status in ("error", "timeout") and result.error is None:
-            result.error = f"verification {verification.status}: {verification.error}"
+        result.record(verification)
 
 
 def _final_fields(result: RolloutResult) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Verification: grade a patch in a fresh sandbox. Runs as a Dask future (a plain function in a worker thread).
+"""Verification: grade a patch in a fresh sandbox (a Dask future: a plain function in a worker thread), or grade the
+agent's own sandbox as it was left (`grade_in_sandbox`, called by the agent loop when reward.in_agent_sandbox).
 
 Steps (the SWE-bench harness's order): apply the model's patch → reset the files the test patch touches (an
 add-only test patch included) → apply the hidden test patch → run the tests → parse the log → grade.
@@ -7,9 +8,9 @@ Graders (the row's `reward.name`):
 - `swe_local`: bundled and user tasks in SWE-bench form; pytest, our log parser (grading.py).
 - `swe_bench`: SWE-bench instances in the official images; the official eval script, log parsers and resolution
   rule from the `swebench` package (uni_agent/swebench/, needs the `swebench` extra).
-- `terminal_bench`: Terminal-Bench 2 tasks; the patch (the agent's changes under the workdir) is applied in a fresh
-  sandbox of the task's image, then the hidden tests run and write /logs/verifier/reward.txt|json
-  (uni_agent/terminal_bench/verifier.py). The oracle runs the task's solution/solve.sh instead of a patch.
+- `terminal_bench`: Terminal-Bench 2 tasks; graded in the agent's own sandbox (its rows set in_agent_sandbox), or
+  in a fresh sandbox of the task's image with the patch applied; the hidden tests run and write
+  /logs/verifier/reward.txt|json (uni_agent/terminal_bench/verifier.py). The oracle runs solution/solve.sh first.
 """
 
 from __future__ import annotations
@@ -108,21 +109,35 @@ def _grading_limit(agent: AgentConfig, oracle: bool) -> float:
 
 async def verify_patch_async(agent: AgentConfig, patch: str, name: str = "verify",
                              oracle: bool = False) -> Verification:
+    """Grade `patch` in a fresh sandbox (started here, closed here)."""
     started = time.monotonic()
-    outcome = Verification()
     sandbox: Sandbox | None = None
-    limit = _grading_limit(agent, oracle)
     try:
         sandbox = await start_sandbox(agent, name=name)
+        outcome = await grade_in_sandbox(sandbox, agent, patch, oracle)
+    except Exception as exc:  # the sandbox did not start: recorded on the rollout, never lost
+        outcome = Verification(status="error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        if sandbox is not None:
+            await sandbox.close()
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+async def grade_in_sandbox(sandbox: Sandbox, agent: AgentConfig, patch: str = "",
+                           oracle: bool = False) -> Verification:
+    """Grade in a running sandbox: a fresh one with `patch` to apply, or the agent's own (no patch: its changes
+    are in place) when reward.in_agent_sandbox. Every failure becomes the Verification's status and error."""
+    started = time.monotonic()
+    outcome = Verification()
+    limit = _grading_limit(agent, oracle)
+    try:
         await asyncio.wait_for(_grade_in(sandbox, agent, patch, outcome, oracle), limit)
     except TimeoutError:
         outcome.status, outcome.error = "timeout", f"verification ran past {limit:g}s (eval_timeout=" \
                                                    f"{agent.reward.eval_timeout:g}s)"
     except Exception as exc:  # any failure here is recorded on the rollout, never lost
         outcome.status, outcome.error = "error", f"{type(exc).__name__}: {exc}"
-    finally:
-        if sandbox is not None:
-            await sandbox.close()
     outcome.seconds = time.monotonic() - started
     return outcome
 

@@ -118,7 +118,8 @@ def task_to_row(task: LoadedTask, deployment: str, agent_name: str, image: str |
     }
     user = USER_PROMPT.format(workdir=task.workdir, instruction=task.instruction, agent_timeout=cfg.agent.timeout_sec)
     row = seed_row(task.task_id, DATA_SOURCE, agent_name, SYSTEM_PROMPT, user, env=env,
-                   reward={"name": REWARD_NAME, "eval_timeout": cfg.verifier.timeout_sec, "metadata": metadata})
+                   reward={"name": REWARD_NAME, "eval_timeout": cfg.verifier.timeout_sec, "metadata": metadata,
+                           "in_agent_sandbox": True})
     row["extra_info"]["tools_kwargs"]["interaction"] = {"episode_timeout": cfg.agent.timeout_sec}
     return row
 
