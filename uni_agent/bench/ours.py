@@ -131,3 +131,31 @@ def _py_spy() -> str:
     if not Path(found).exists():
         raise RuntimeError("--profile needs py-spy (pip install -e '.[bench]')")
     return found
+
+
+def sandbox_start_alone(samples: int = 20) -> dict[str, float]:
+    """Sandbox start with nothing else running in this process: `samples` starts one after another (each closed
+    before the next), as a rollout's start costs when the machine is not saturated. The table's start column is
+    the same start inside the run, where it queues for CPU behind every other rollout."""
+    import asyncio
+
+    from ..config import LocalDeploymentConfig
+    from ..sandbox.local import LocalSandbox
+    from ..worker import use_pidfd_child_watcher
+
+    async def measure() -> list[float]:
+        use_pidfd_child_watcher()
+        seconds = []
+        for i in range(samples + 1):
+            sandbox = LocalSandbox(LocalDeploymentConfig(repo=f"bundled:{TASK}"), {}, name="bench-start")
+            started = time.monotonic()
+            try:
+                await sandbox.start()
+                if i:  # the first one builds caches
+                    seconds.append(time.monotonic() - started)
+            finally:
+                await sandbox.close()
+        return seconds
+
+    seconds = asyncio.run(measure())
+    return {"p50_ms": percentile(seconds, 0.5) * 1000, "p95_ms": percentile(seconds, 0.95) * 1000}
