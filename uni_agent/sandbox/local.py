@@ -100,6 +100,7 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
 
 
 _reap_lock = threading.Lock()
+_overlay_known_to_work = False
 _owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
 
 
@@ -213,10 +214,17 @@ class LocalSandbox(ClosingContext):
             raise SandboxStartError(f"sandbox did not start: {probe.output.strip()[-2000:]}")
 
     async def _overlay_works(self) -> bool:
+        """Whether overlayfs mounts here: probed until it first works, then known for this process (a probe is a
+        process chain of its own, a third of a sandbox start's work; the start's first command still fails loudly
+        should a mount ever fail later)."""
+        global _overlay_known_to_work
+        if _overlay_known_to_work:
+            return True
         proc = await asyncio.create_subprocess_exec(
             *self._overlay_prefix(), "true", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
-        return await proc.wait() == 0
+        _overlay_known_to_work = await proc.wait() == 0
+        return _overlay_known_to_work
 
     async def close(self) -> None:
         for proc in list(self._running):
