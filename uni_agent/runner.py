@@ -223,9 +223,19 @@ class _AgentPool:
             str(self.log_dir), self.settings.log_level,
             actor=True, workers=[worker], key=f"agent-worker-{len(self.futures)}-{uuid.uuid4().hex[:8]}",
         )
+        waiter = asyncio.ensure_future(_awaited(future))
+        deadline = time.monotonic() + timeout
         try:
-            actor = await asyncio.wait_for(future, timeout)
+            # Pinned to one worker, the actor never starts if that worker dies first: give up as soon as the
+            # scheduler no longer knows it, rather than at the deadline.
+            while not (await asyncio.wait({waiter}, timeout=1.0))[0]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"agent worker did not start on {worker} within {timeout:g} s")
+                if worker not in await self.live_workers():
+                    raise RuntimeError(f"worker {worker} left before its agent worker started")
+            actor = waiter.result()
         except BaseException:
+            waiter.cancel()
             with contextlib.suppress(Exception):
                 await self.client.cancel([future])
             raise
@@ -276,6 +286,10 @@ class _AgentPool:
         for actor in self.actors:
             with contextlib.suppress(Exception):
                 await actor.close()
+
+
+async def _awaited(future: Any) -> Any:
+    return await future
 
 
 async def _sandbox_workers(client: Client, gpu_resource: str = "GPU") -> list[str]:
