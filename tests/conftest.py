@@ -11,6 +11,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # leak checks below see only this session's sandboxes even when another run shares the machine.
 os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-"))
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
+# What a local sandbox runs on the host: its commands' bwrap, and the process holding its overlay's mount namespace.
+SANDBOX_PROCESSES = ("bwrap", "uni-agent-mounts")
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +28,7 @@ def dask_client(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_leftover_sandboxes(tmp_path_factory):
-    """After every test: no sandbox dir, mount or bwrap process of this session's sandboxes is left behind.
+    """After every test: no sandbox dir, mount, bwrap or mount-holder process of this session is left behind.
 
     Sandboxes of this session live under its sandbox root or, for tests that point the root elsewhere, under
     pytest's base temp dir; processes of other test runs on the machine are not counted. Sandboxes close in worker
@@ -42,9 +44,9 @@ def no_leftover_sandboxes(tmp_path_factory):
         dirs = [str(p) for p in set(root.iterdir()) - before]
         mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
                   if any(m in line for m in markers)]
-        bwraps = [_cmd(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
-                  and any(m in _cmd(p) for m in markers)]
-        return dirs + mounts + bwraps
+        processes = [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*"))
+                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers)]
+        return dirs + mounts + processes
 
     deadline = time.monotonic() + 15
     while (found := leftovers()) and time.monotonic() < deadline:

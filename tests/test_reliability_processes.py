@@ -18,7 +18,7 @@ import pytest
 import yaml
 from distributed import Client
 
-from conftest import AGENT_CONFIG, REPO_ROOT, _cmd, poll_until
+from conftest import AGENT_CONFIG, REPO_ROOT, SANDBOX_PROCESSES, _cmd, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.dataset import read_rows
 from uni_agent.runner import AgentWorkersLost
@@ -44,9 +44,9 @@ REQUESTS_PER_ROLLOUT = 2
 
 def _sandbox_leftovers(root: Path, before: set[Path]) -> list[str]:
     dirs = [str(p) for p in set(root.iterdir()) - before]
-    bwraps = [_cmd(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmd(p).startswith("bwrap")
-              and str(root) in _cmd(p)]
-    return dirs + bwraps
+    processes = [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*"))
+                 if cmd.startswith(SANDBOX_PROCESSES) and str(root) in cmd]
+    return dirs + processes
 
 
 @pytest.fixture(scope="module")

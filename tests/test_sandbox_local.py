@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import poll_until
+from conftest import _cmd, poll_until
 
 from uni_agent.config import LocalDeploymentConfig
 from uni_agent.sandbox import ExecResult, Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
@@ -643,6 +643,8 @@ def test_a_killed_owner_leaves_no_process_and_its_leftovers_are_reaped(repo: Pat
             owner.kill()
     poll_until(lambda: not (cgroup / "cgroup.procs").read_text().split(), 30,
                "the sandbox's processes to die with their owner")
+    poll_until(lambda: not [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*")) if str(sandbox_dir) in cmd], 30,
+               "the holder of the sandbox's mount namespace to die with its owner")
     assert str(sandbox_dir) not in Path("/proc/self/mounts").read_text()
     assert local.reap_orphaned_sandboxes(sandbox_dir.parent) == [sandbox_dir]
     assert not sandbox_dir.exists() and not cgroup.exists()
