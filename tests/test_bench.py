@@ -45,6 +45,8 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     assert row["makespan_s"] >= row["ideal_s"] and 0 < row["efficiency"] <= 1
     assert row["rollouts_per_min"] > 0
     assert row["framework_cpu_ms_per_turn"] > 0 and row["sandbox_cpu_ms_per_turn"] > 0
+    # The machine's CPU covers the framework's and the sandboxes' (and the endpoint's, and what rusage misses).
+    assert row["machine_cpu_ms_per_turn"] >= 0.9 * (row["framework_cpu_ms_per_turn"] + row["sandbox_cpu_ms_per_turn"])
     assert 0 < row["sandbox_start_p50_ms"] <= row["sandbox_start_p95_ms"]
     assert not math.isnan(row["peak_mib_per_rollout"]) and row["peak_mib_per_rollout"] >= 0
     assert report["endpoint"]["requests"] == 8 * 3

@@ -30,8 +30,10 @@ method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in
   the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
   fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
   (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = the
-  workers' RUSAGE_CHILDREN over LLM calls: the sandboxed commands (unshare, overlay mount, bwrap, bash, the command)
-  and git in sandbox start / patch collection. MiB/rollout = (peak summed RSS of driver + workers - RSS before the
+  workers' RUSAGE_CHILDREN over LLM calls: the sandboxed commands (cgroup join, nsenter, bwrap, bash, the command)
+  and git in sandbox start / patch collection; it misses what bwrap's pid-namespace init runs (reaped by no one we
+  wait for). machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, endpoint included,
+  over LLM calls: the full cost of a turn on this machine (not measured for the peer). MiB/rollout = (peak summed RSS of driver + workers - RSS before the
   run) / concurrency. mini-swe-agent: its own batch runner in one process (threads), LocalEnvironment (plain
   subprocess, no sandbox, nothing to start), fw CPU = that process's own CPU after imports."""
 
@@ -126,7 +128,8 @@ def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
 
 COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
            ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
-           ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("start p50/p95 ms", 16, "{}"),
+           ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("machine CPU ms/turn", 19, "{}"),
+           ("start p50/p95 ms", 16, "{}"),
            ("MiB/rollout", 11, "{:.2f}"), ("load", 5, "{:.1f}")]
 
 
@@ -143,6 +146,7 @@ def _table_line(row: dict[str, Any]) -> str:
         "ok/total": f"{row['ok']}/{row['rollouts']}", "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
         "eff": row["efficiency"], "rollouts/min": row["rollouts_per_min"],
         "fw CPU ms/turn": row["framework_cpu_ms_per_turn"], "sbx CPU ms/turn": row["sandbox_cpu_ms_per_turn"],
+        "machine CPU ms/turn": f"{row['machine_cpu_ms_per_turn']:.2f}" if "machine_cpu_ms_per_turn" in row else "n/a",
         "start p50/p95 ms": "n/a (none)" if math.isnan(row["sandbox_start_p50_ms"])
         else f"{row['sandbox_start_p50_ms']:.0f}/{row['sandbox_start_p95_ms']:.0f}",
         "MiB/rollout": row["peak_mib_per_rollout"], "load": row["load"],

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .measure import Cpu, PeakMemory, cpu_now, ideal_makespan, load_average, percentile
+from .measure import Cpu, PeakMemory, cpu_now, ideal_makespan, load_average, machine_cpu_seconds, percentile
 
 TASK = "uni-agent__romanum-4"
 
@@ -60,6 +60,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         before_workers = client.run(cpu_now)
         before_driver = cpu_now()
         load_before = load_average()
+        machine_before = machine_cpu_seconds()
         log = io.StringIO()
         with _profiles(pids, profile_dir, f"ours-w{workers}-c{concurrency}"), PeakMemory(pids) as memory, \
                 contextlib.redirect_stderr(log):
@@ -68,6 +69,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
                           base_url=base_url, model_name="scripted", n=rollouts, num_workers=workers, verify=False,
                           progress=False, output_dir=str(out_dir), log_level="INFO")
             makespan = time.monotonic() - started
+        machine_cpu = machine_cpu_seconds() - machine_before
         after_workers = client.run(cpu_now)
         after_driver = cpu_now()
     workers_cpu = sum((after_workers[a] - before_workers[a] for a in after_workers), Cpu())
@@ -89,6 +91,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "worker_cpu_ms_per_turn": workers_cpu.own / max(1, llm_calls) * 1000,
         "driver_cpu_ms_per_turn": driver_cpu.own / max(1, llm_calls) * 1000,
         "sandbox_cpu_ms_per_turn": workers_cpu.children / max(1, llm_calls) * 1000,
+        "machine_cpu_ms_per_turn": machine_cpu / max(1, llm_calls) * 1000,
         "sandbox_start_p50_ms": percentile(starts, 0.5) * 1000, "sandbox_start_p95_ms": percentile(starts, 0.95) * 1000,
         "peak_mib_per_rollout": memory.added / 2**20 / concurrency,
         "load": max(load_before, load_average()),
