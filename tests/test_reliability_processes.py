@@ -182,6 +182,12 @@ class DaskProcesses:
                            "--no-dashboard", "--nanny" if nanny else "--no-nanny", "--name", name, "--nthreads", "2",
                            "--resources", "SANDBOX=8")
 
+    def kill(self, *names: str) -> None:
+        """kill -9, then reap: the pid is gone, so the worker's sandbox dirs count as orphaned."""
+        for name in names:
+            self.procs[name].kill()
+            self.procs[name].wait(30)
+
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
@@ -258,9 +264,8 @@ def test_worker_killed_mid_run_loses_no_rollout(tmp_path, data, two_workers):
             killed["at"] = len(server.requests)
             if nanny:  # the nanny reaps it and starts a new one
                 _kill_and_wait(victim_pid)
-            else:  # reaped here, so its pid is gone and its sandbox dirs count as orphaned
-                processes.procs["w0"].kill()
-                processes.procs["w0"].wait(30)
+            else:
+                processes.kill("w0")
         return reply
 
     with ScriptedLLM(killer_policy, delay_s=0.5) as server:
@@ -295,9 +300,7 @@ def test_every_worker_lost_then_one_joins_the_run_completes(tmp_path, data, dask
         reply = look_then_submit(body)
         if len(server.requests) >= 6 and not killed:
             killed["at"] = len(server.requests)
-            for name in ("w0", "w1"):
-                dask_processes.procs[name].kill()
-                dask_processes.procs[name].wait(30)
+            dask_processes.kill("w0", "w1")
             dask_processes.start_worker("w2")
         return reply
 
@@ -329,9 +332,7 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
         reply = look_then_submit(body)
         if len(server.requests) >= 10 and not killed:
             killed["at"] = len(server.requests)
-            for name in ("w0", "w1"):
-                dask_processes.procs[name].kill()
-                dask_processes.procs[name].wait(30)
+            dask_processes.kill("w0", "w1")
         return reply
 
     with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:

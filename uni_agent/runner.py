@@ -254,8 +254,9 @@ class _AgentPool:
         return getattr(actor, "_address", None) in await self.live_workers()
 
     async def replace(self, lost: Any) -> bool:
-        """Drop a lost actor and, if no live actor is left to carry the run, start one on a live sandbox worker.
-        False when no worker came back within `worker_wait_timeout`."""
+        """Drop a lost actor (and any other whose worker is gone) and start replacements on live sandbox workers, up
+        to `num_workers` actors. Waits for a worker only when no actor is left; False when none came back within
+        `worker_wait_timeout`."""
         async with self._replacing:  # many rollouts notice the same loss at once: replace once
             if lost in self.actors:
                 self.actors.remove(lost)
@@ -273,9 +274,9 @@ class _AgentPool:
                         worker = min(workers, key=held.count)  # the live worker holding the fewest actors
                         with contextlib.suppress(Exception):  # the worker may die before the actor is up
                             remaining = deadline - time.monotonic()
-                            actor = await self.start_actor(worker, min(ACTOR_START_TIMEOUT, max(5.0, remaining)))
+                            await self.start_actor(worker, min(ACTOR_START_TIMEOUT, max(5.0, remaining)))
                             log.warning("agent_worker_replaced", worker=worker)
-                            return actor is not None
+                            return True
                 if self.actors:
                     return True
                 if time.monotonic() > deadline:

@@ -32,10 +32,11 @@ method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in
   (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = the
   workers' RUSAGE_CHILDREN over LLM calls: the sandboxed commands (cgroup join, nsenter, bwrap, bash, the command)
   and git in sandbox start / patch collection; it misses what bwrap's pid-namespace init runs (reaped by no one we
-  wait for). machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, endpoint included,
-  over LLM calls: the full cost of a turn on this machine (not measured for the peer). MiB/rollout = (peak summed RSS of driver + workers - RSS before the
-  run) / concurrency. mini-swe-agent: its own batch runner in one process (threads), LocalEnvironment (plain
-  subprocess, no sandbox, nothing to start), fw CPU = that process's own CPU after imports."""
+  wait for). machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
+  included, over LLM calls: what a turn costs this machine in all (not measured for the peer, whose imports would
+  count). MiB/rollout = (peak summed RSS of driver + workers - RSS before the run) / concurrency. mini-swe-agent:
+  its own batch runner in one process (threads), LocalEnvironment (plain subprocess, no sandbox, nothing to start),
+  fw CPU = that process's own CPU after imports."""
 
 
 @dataclass
