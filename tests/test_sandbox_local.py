@@ -646,8 +646,30 @@ def test_a_killed_owner_leaves_no_process_and_its_leftovers_are_reaped(repo: Pat
     poll_until(lambda: not [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*")) if str(sandbox_dir) in cmd], 30,
                "the holder of the sandbox's mount namespace to die with its owner")
     assert str(sandbox_dir) not in Path("/proc/self/mounts").read_text()
+    assert cgroup.name.startswith(f"{owner.pid}-")  # cgroups are machine-wide: named after their owner
     assert local.reap_orphaned_sandboxes(sandbox_dir.parent) == [sandbox_dir]
     assert not sandbox_dir.exists() and not cgroup.exists()
+
+
+def test_a_dead_owners_cgroup_is_reaped_whatever_root_its_sandbox_used(repo: Path, tmp_path: Path) -> None:
+    """A worker that used another sandbox root (or whose root nobody scans again) left an empty cgroup: the reap at
+    any sandbox start removes it, and leaves a live owner's alone."""
+    from uni_agent.sandbox import local
+    from uni_agent.sandbox.process_limit import pids_cgroup_parent
+
+    parent = pids_cgroup_parent()
+    assert parent is not None
+    dead, alive = parent / f"{subprocess_pid_that_exited()}-gone-sbx", parent / f"{os.getpid()}-live-sbx"
+    dead.mkdir()
+    alive.mkdir()
+    try:
+        (tmp_path / "empty-root").mkdir()
+        assert local.reap_orphaned_sandboxes(tmp_path / "empty-root") == []  # no sandbox dir there at all
+        assert not dead.exists() and alive.exists()
+    finally:
+        for cgroup in (dead, alive):
+            if cgroup.exists():
+                cgroup.rmdir()
 
 
 def subprocess_pid_that_exited() -> int:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..config import LocalDeploymentConfig
 from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
-from .process_limit import ProcessLimit, remove_cgroup_of
+from .process_limit import ProcessLimit, reap_orphaned_cgroups
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 BUNDLED_TASKS_DIR = Path(PACKAGE_DIR) / "tasks" / "bundled"
@@ -92,10 +92,10 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
             if owner not in alive:
                 alive[owner] = os.path.exists(f"/proc/{owner}")
             if not alive[owner]:
-                remove_cgroup_of(name)
                 shutil.rmtree(key, ignore_errors=True)
                 removed.append(root / name)
                 _owners.pop(key, None)
+        reap_orphaned_cgroups()  # machine-wide: also those of sandboxes under another root
         return removed
     finally:
         _reap_lock.release()

@@ -66,7 +66,9 @@ class ProcessLimit:
     def __init__(self, name: str, max_processes: int | None):
         self.max_processes = max_processes
         parent = pids_cgroup_parent() if max_processes else None
-        self.cgroup: Path | None = parent / name if parent else None
+        # Named after the owning process: cgroups are machine-wide, so a dead owner's can be found and removed
+        # whatever sandbox root its sandboxes used.
+        self.cgroup: Path | None = parent / f"{os.getpid()}-{name}" if parent else None
 
     @property
     def mode(self) -> str:
@@ -129,8 +131,21 @@ def remove_cgroup(cgroup: Path, timeout: float = 10.0) -> None:
             time.sleep(0.02)
 
 
-def remove_cgroup_of(name: str) -> None:
-    """Remove the cgroup of a sandbox by name, if it has one (for reaping a dead worker's sandboxes)."""
+def reap_orphaned_cgroups() -> list[Path]:
+    """Remove the cgroups of sandboxes whose owning process is gone (a worker killed with -9). Their processes died
+    with the owner (bwrap --die-with-parent); what is left is an empty cgroup."""
     parent = pids_cgroup_parent()
-    if parent is not None and (parent / name).exists():
-        remove_cgroup(parent / name)
+    if parent is None:
+        return []
+    removed = []
+    alive: dict[str, bool] = {}
+    for cgroup in parent.iterdir():
+        owner, _, rest = cgroup.name.partition("-")
+        if not (owner.isdigit() and rest and cgroup.is_dir()):
+            continue  # the probe, or not a sandbox's
+        if owner not in alive:
+            alive[owner] = os.path.exists(f"/proc/{owner}")
+        if not alive[owner]:
+            remove_cgroup(cgroup)
+            removed.append(cgroup)
+    return removed
