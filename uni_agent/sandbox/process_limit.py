@@ -139,13 +139,15 @@ def reap_orphaned_cgroups() -> list[Path]:
         return []
     removed = []
     alive: dict[str, bool] = {}
-    for cgroup in parent.iterdir():
-        owner, _, rest = cgroup.name.partition("-")
-        if not (owner.isdigit() and rest and cgroup.is_dir()):
-            continue  # the probe, or not a sandbox's
+    # Plain names, no stat per entry: this runs at every sandbox start, with up to a thousand cgroups listed. Only
+    # our sandboxes' cgroups start with digits (the controller's files are cgroup.*, pids.*, tasks, ...).
+    for name in os.listdir(parent):
+        owner, _, rest = name.partition("-")
+        if not (owner.isdigit() and rest):
+            continue  # the probe, or a controller file
         if owner not in alive:
             alive[owner] = os.path.exists(f"/proc/{owner}")
         if not alive[owner]:
-            remove_cgroup(cgroup)
-            removed.append(cgroup)
+            remove_cgroup(parent / name)
+            removed.append(parent / name)
     return removed
