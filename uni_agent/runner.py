@@ -196,7 +196,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
     pool = _AgentPool(client, engines, settings, log_dir)
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
-        workers = await _sandbox_workers(client)
+        workers = await _sandbox_workers(client, settings.gpu_resource_name)
         for i in range(max(1, settings.num_workers)):
             await pool.start_actor(workers[i % len(workers)])
         dispatcher = _Dispatcher(client, pool, store, settings, await verification_placement(client, workers))
