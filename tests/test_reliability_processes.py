@@ -233,6 +233,24 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def _killing_every_worker(processes: DaskProcesses, at_request: int, then=lambda: None):
+    """A look_then_submit policy that, at its `at_request`-th request, kills -9 both workers and then calls `then`;
+    also returns a dict that says whether and when it did."""
+    killed: dict[str, int] = {}
+    requests = 0
+
+    def policy(body):
+        nonlocal requests
+        requests += 1
+        if requests >= at_request and not killed:
+            killed["at"] = requests
+            processes.kill("w0", "w1")
+            then()
+        return look_then_submit(body)
+
+    return policy, killed
+
+
 def _scripted_agents(concurrency: int) -> AgentConfigs:
     return AgentConfigs.load(AGENT_CONFIG).override_all(
         {"concurrency": concurrency, "interaction": {"tools_in": "api", "constrain_tool_calls": False}})
@@ -294,15 +312,7 @@ def test_every_worker_lost_then_one_joins_the_run_completes(tmp_path, data, dask
     expected = {(r["instance_id"], 0) for r in read_rows(data)}
     root = sandbox_root()
     before = set(root.iterdir())
-    killed = {}
-
-    def killer_policy(body):
-        reply = look_then_submit(body)
-        if len(server.requests) >= 6 and not killed:
-            killed["at"] = len(server.requests)
-            dask_processes.kill("w0", "w1")
-            dask_processes.start_worker("w2")
-        return reply
+    killer_policy, killed = _killing_every_worker(dask_processes, 6, then=lambda: dask_processes.start_worker("w2"))
 
     with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
         client.wait_for_workers(2, timeout=60)
@@ -326,14 +336,7 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
         dask_processes.start_worker(f"w{i}")
     expected = {(r["instance_id"], 0) for r in read_rows(data)}
     out = tmp_path / "out"
-    killed = {}
-
-    def killer_policy(body):
-        reply = look_then_submit(body)
-        if len(server.requests) >= 10 and not killed:
-            killed["at"] = len(server.requests)
-            dask_processes.kill("w0", "w1")
-        return reply
+    killer_policy, killed = _killing_every_worker(dask_processes, 10)
 
     with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
         client.wait_for_workers(2, timeout=60)
