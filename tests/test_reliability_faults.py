@@ -65,8 +65,7 @@ FAULT_PLAN = {
 LLM_TIMEOUT = 2.0
 
 
-def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask_client,
-                                                          request):
+def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask_client, request):
     plan = {INSTANCES[i]["instance_id"]: fault for i, fault in FAULT_PLAN.items()}
     seen: Counter = Counter()
     injected: Counter = Counter()
@@ -125,6 +124,10 @@ def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask
     for clean in INSTANCES[11:]:
         assert results.loc[clean["instance_id"]].exit_reason == "submitted"
     assert out.summary["exit_reasons"]["error"] == 5 and out.summary["errors"] == 5
+    # Every retry is in the agent workers' logs: each injected fault but the last of the 5 given-up rollouts.
+    events = [json.loads(line) for f in (tmp_path / "out" / "logs").glob("agent-worker-*.jsonl")
+              for line in f.read_text().splitlines()]
+    assert sum(e["event"] == "llm_retry" for e in events) == sum(injected.values()) - 5
     request.node.user_properties.append(("faults_injected", sum(injected.values())))
 
 

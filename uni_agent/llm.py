@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from .redact import redact
+
+log = structlog.get_logger("uni_agent.llm")
 
 
 class LLMError(RuntimeError):
@@ -100,6 +105,7 @@ class ChatClient:
             retry=retry_if_exception(self._worth_retrying),
             stop=stop_after_attempt(self.max_attempts),
             wait=wait_exponential_jitter(multiplier=1, max=30),
+            before_sleep=_log_retry,
             reraise=True,
         )
         async for attempt in retrying:
@@ -164,3 +170,9 @@ async def check_endpoint(base_url: str, api_key: str | None = None, timeout: flo
         return [m["id"] for m in response.json().get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
+
+
+def _log_retry(state: RetryCallState) -> None:
+    """A retried request may have reached the server already (its answer lost on the way): say so in the log."""
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("llm_retry", attempt=state.attempt_number, error=redact(f"{type(exc).__name__}: {exc}"))
