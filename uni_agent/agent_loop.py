@@ -14,14 +14,14 @@ import time
 from typing import Any
 
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from .config import AgentConfig
 from .events import Emit, no_emit, rollout_event
 from .llm import ChatClient, ContextLimitError, LLMError
 from .redact import redact
 from .rollout import RolloutResult, RolloutSpec
-from .sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox
+from .sandbox import Sandbox, SandboxError
+from .sandbox.start import start_sandbox, workspace_patch
 from .tool_parsing import (
     ToolCall,
     ToolCallFormatError,
@@ -46,37 +46,6 @@ class EpisodeEnd(Exception):
     def __init__(self, exit_reason: str, message: str = ""):
         super().__init__(message or exit_reason)
         self.exit_reason = exit_reason
-
-
-async def start_sandbox(agent: AgentConfig, name: str) -> Sandbox:
-    """Start a sandbox, retrying transient start failures; a half-started sandbox is always closed."""
-    deployment = agent.env.deployment
-    retrying = AsyncRetrying(
-        retry=retry_if_exception_type((SandboxStartError, OSError)),
-        stop=stop_after_attempt(deployment.start_retries),
-        wait=wait_exponential_jitter(multiplier=0.5, max=10),
-        reraise=True,
-    )
-    async for attempt in retrying:
-        with attempt:
-            sandbox = make_sandbox(deployment, agent.env.env_variables, name=name)
-            try:
-                await sandbox.start()
-            except BaseException:
-                await sandbox.close()
-                raise
-            return sandbox
-    raise AssertionError("unreachable")
-
-
-async def workspace_patch(sandbox: Sandbox, timeout: float = 120) -> str:
-    """Everything the agent changed in the workspace, as a git diff against the base snapshot."""
-    result = await sandbox.exec(
-        f"cd {sandbox.workdir} && git add -A && git diff --cached --binary HEAD", timeout, merge_stderr=False
-    )
-    if result.exit_code != 0:
-        raise SandboxError(f"git diff failed: {result.stderr.decode('utf-8', 'replace')[-500:]}")
-    return result.stdout.decode("utf-8", errors="replace")
 
 
 class UniAgentLoop:

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .agent_loop import start_sandbox
+from .sandbox.start import start_sandbox
 from .config import AgentConfig, ConfigError
 from .grading import files_in_patch, grade, parse_pytest_log
 from .sandbox import Sandbox, write_file

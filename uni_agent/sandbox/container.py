@@ -1,31 +1,26 @@
 """The container backend: one long-lived container per sandbox, driven through the docker or podman CLI.
 
-start: `run -d --rm` the image with `sleep <lifetime>` as its command (so even a container whose owner crashed ends
-by itself when the deployment's lifetime is up), no network by default, cpu/memory/pids limits and explicit ulimits,
-a unique name and labels (`uni-agent.sandbox=1`, `uni-agent.created=<epoch>`) that `reap()` finds leftovers by; then
-install the shell protocol below, copy the task repository in when the config names one, and run a probe command.
-close: `rm -f`, on every path. Every CLI call is an asyncio subprocess: nothing blocks the event loop.
-
-The in-sandbox shell protocol (shared with the Modal backend): each command is a fresh `bash` that restores the
-working directory and exported variables saved by the previous one (the local backend's runner script and its EXIT
-trap), started as `timeout -s KILL T`, so a command that hangs is killed inside the sandbox with its whole process
-group even when the client that started it is gone. The launcher records its pid (= the group) in a file, so a
-cancelled command is killed from outside too: killing `podman exec` alone would leave it running in the container.
+start: `run -i --rm` the image with the sandbox supervisor (supervisor.py) as its main process, attached: the `run`
+client's stdin/stdout are the session (session.py), so every command is a message, not a `podman exec` (191 ms
+each). No network by default, cpu/memory/pids limits and explicit ulimits, a unique name and labels
+(`uni-agent.sandbox=1`, `uni-agent.created=<epoch>`, `uni-agent.owner=<host>:<pid>`) that `reap()` finds leftovers
+by. The supervisor ends the container by itself when the deployment's lifetime is up, so even a container whose
+owner crashed goes. Then the task repository is copied in when the config names one, and a probe command runs.
+close: the supervisor's stdin is closed (it ends every process) and the container is removed (`rm -f`), on every
+path. Every CLI call is an asyncio subprocess: nothing blocks the event loop. The image needs python3 (>= 3.6) and
+bash: the supervisor is a python3 program and commands run in bash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
-import tarfile
 import tempfile
 import time
 import uuid
@@ -35,98 +30,28 @@ from pathlib import Path
 import structlog
 
 from ..config import ContainerDeploymentConfig
-from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
+from .backend import SessionSandbox, Transport
+from .base import SandboxError, SandboxStartError
 from .limiter import start_limits
-from .local import (
-    RUNNER_SCRIPT,
-    STATE_DIR_IN_SANDBOX,
-    _feed,
-    _read_capped,
-    prepare_base_repo,
-    resolve_repo,
-)
+from .repo import prepare_base_repo, resolve_repo
+from .session import supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 
 LABEL = "uni-agent.sandbox"
 CREATED_LABEL = "uni-agent.created"
 OWNER_LABEL = "uni-agent.owner"  # <hostname>:<pid> of the process that started it
+CLI_TIMEOUT_S = 120.0  # one CLI call other than run/pull (inspect, rm, cp of a small repo)
+STDERR_TAIL_BYTES = 4000
 
 
 def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-HOST_GRACE_S = 5.0
-"""How long past a command's timeout the host waits before it kills the command from outside (the in-sandbox
-`timeout` normally acts first)."""
-CLI_TIMEOUT_S = 120.0  # one CLI call other than run/pull/exec (inspect, rm, cp of a small repo)
-
-# -- the in-sandbox shell protocol (also used by modal.py) -----------------------------------------------------------
-
-STATE = STATE_DIR_IN_SANDBOX
-EXEC_SCRIPT = f"""UA_MERGE_STDERR=$1
-if [ "$3" = staged ]; then mv -f {STATE}/cmd.next {STATE}/cmd.sh || exit 125
-else printf '%s\\n' "$2" > {STATE}/cmd.sh || exit 125; fi
-set --
-source {STATE}/run.sh
-"""
-LAUNCH_SCRIPT = (f'echo $$ > {STATE}/exec.pid && '
-                 f'exec timeout -s KILL "$1" bash --noprofile --norc {STATE}/exec.sh "$2" "$3" "$4"')
-STAGE_ARGV = ["/bin/sh", "-c", f"cat > {STATE}/cmd.next"]
-MAX_ARGV_COMMAND_BYTES = 64 * 1024
-"""Longer commands are staged through stdin first: one argv string may not exceed 128 KiB (MAX_ARG_STRLEN)."""
-KILL_SCRIPT = f'p=$(cat {STATE}/exec.pid 2>/dev/null) && [ -n "$p" ] && kill -KILL -- "-$p" "$p" 2>/dev/null; true'
-SHELL_NEEDS = "sh, bash, tar and coreutils' timeout"
-GIT_AUTHOR = {
-    "GIT_AUTHOR_NAME": "uni-agent",
-    "GIT_AUTHOR_EMAIL": "uni-agent@localhost",
-    "GIT_COMMITTER_NAME": "uni-agent",
-    "GIT_COMMITTER_EMAIL": "uni-agent@localhost",
-}
 
 
-def shell_setup(workdir: str, env_variables: dict[str, str]) -> tuple[list[str], bytes]:
-    """The argv and stdin (a tar archive) that install the protocol's scripts and the first command's state."""
-    env = {**GIT_AUTHOR, **env_variables}
-    state = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()) + f"cd -- {shlex.quote(workdir)}\n"
-    files = {"run.sh": RUNNER_SCRIPT.format(state=STATE), "exec.sh": EXEC_SCRIPT, "state.sh": state}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    command = f"mkdir -p {STATE} {shlex.quote(workdir)} && tar -C {STATE} -xf -"
-    return ["/bin/sh", "-c", command], buffer.getvalue()
-
-
-def needs_staging(command: str) -> bool:
-    return len(command.encode()) > MAX_ARGV_COMMAND_BYTES
-
-
-def launch_argv(command: str, timeout: float, merge_stderr: bool) -> list[str]:
-    """The argv that runs one command under the protocol, killed with its process group at `timeout` seconds.
-    A command too long for argv must have been written with STAGE_ARGV (its stdin) just before."""
-    staged = needs_staging(command)
-    return ["/bin/sh", "-c", LAUNCH_SCRIPT, "uni-agent", f"{max(timeout, 0.001):.3f}", "1" if merge_stderr else "0",
-            "" if staged else command, "staged" if staged else "argv"]
-
-
-def kill_argv() -> list[str]:
-    return ["bash", "--noprofile", "--norc", "-c", KILL_SCRIPT]  # dash's kill takes no `--` before a group
-
-
-def killed_at_timeout(exit_code: int | None, duration_s: float, timeout: float) -> bool:
-    """`timeout -s KILL` exits 137; a command that was SIGKILLed for another reason (OOM) ends before the timeout."""
-    return exit_code == 128 + signal.SIGKILL and duration_s >= timeout * 0.98
-
-
-def archive_tree(root: Path) -> bytes:
-    """A tar of `root` (the task's git snapshot, .git included), to unpack at the workdir through exec stdin."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(root, arcname=".")
-    return buffer.getvalue()
+def lifetime_s(deployment_timeout: float) -> int:
+    """How long a sandbox may live at most: the deployment's timeout and a margin; it then ends by itself."""
+    return math.ceil(deployment_timeout + min(60.0, deployment_timeout))
 
 
 def sandbox_name(name: str) -> str:
@@ -138,68 +63,53 @@ def sandbox_name(name: str) -> str:
 # -- the container CLI ------------------------------------------------------------------------------------------------
 
 
-class ContainerSandbox(ClosingContext):
+class ContainerSandbox(SessionSandbox):
     def __init__(self, config: ContainerDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if not config.image:
             raise SandboxError(f"{config.type} deployment needs `image`")
-        self.config = config
-        self.workdir = config.workdir
-        self.env_variables = dict(env_variables or {})
-        self.name = sandbox_name(name)
+        super().__init__(config, env_variables, sandbox_name(name))
         self.cli = config.cli or config.type
         self._cli_env = _proxy_env(config.proxy)
         self._created = False  # a `run` was issued: close() must remove the container, whatever happened after
-        self._running = False
-        self._closed = False
-        self._lock = asyncio.Lock()
+        self._run_proc: asyncio.subprocess.Process | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
+    # -- where it lives ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self.name} was closed")
         if shutil.which(self.cli) is None:
             raise SandboxError(f"the {self.config.type} CLI ({self.cli!r}) is not installed")
+        if self.config.pull == "never" and not await self._image_present():
+            raise SandboxError(f"image {self.config.image!r} is not present locally and pull is `never`")
         limits = start_limits(("container", self.cli), self.config.max_starting)
         started = time.monotonic()
         async with limits.cap.slot():
             try:
                 async with asyncio.timeout(self.config.startup_timeout):
-                    await self._start()
+                    await super().start()
             except TimeoutError:
                 raise SandboxStartError(
                     f"container {self.name} did not start within startup_timeout={self.config.startup_timeout:g}s"
                 ) from None
         log.debug("container_started", name=self.name, seconds=round(time.monotonic() - started, 3))
 
-    async def _start(self) -> None:
-        config = self.config
-        if config.pull == "never" and not await self._image_present():
-            raise SandboxError(f"image {config.image!r} is not present locally and pull is `never`")
+    async def _launch(self) -> Transport:
         self._created = True
-        rc, _, err = await self._cli_call(self._run_argv(), timeout=None)
+        proc = self._run_proc = await self._spawn(self._run_argv(), with_stdin=True, limit=1 << 20)
+        return Transport(proc.stdout, self._write, self._describe_end)  # type: ignore[arg-type]
+
+    async def _provision(self) -> None:
+        if self.config.repo is None:
+            return
+        base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+        rc, _, err = await self._cli_call(["cp", f"{base}/.", f"{self.name}:{self.workdir}"], timeout=None)
         if rc != 0:
-            raise SandboxStartError(f"{self.cli} run failed (exit {rc}): {_text(err)}")
-        self._running = True
-        argv, archive = shell_setup(self.workdir, self.env_variables)
-        rc, out, err = await self._cli_call(["exec", "-i", self.name, *argv], stdin=archive, timeout=None)
-        if rc != 0:
-            raise SandboxStartError(f"could not set up the shell in {self.name} (the image needs {SHELL_NEEDS}): "
-                                    f"exit {rc}: {_text(out + err)}")
-        if config.repo is not None:
-            base = await asyncio.to_thread(prepare_base_repo, resolve_repo(config.repo))
-            rc, _, err = await self._cli_call(["cp", f"{base}/.", f"{self.name}:{self.workdir}"], timeout=None)
-            if rc != 0:
-                raise SandboxStartError(f"could not copy the repository into {self.name}: {_text(err)}")
-        probe = await self.exec("true", timeout=max(1.0, self.config.startup_timeout))
-        if probe.exit_code != 0:
-            raise SandboxStartError(f"container {self.name} does not run commands (the image needs {SHELL_NEEDS}): "
-                                    f"exit {probe.exit_code}: {probe.output.strip()[-2000:]}")
+            raise SandboxStartError(f"could not copy the repository into {self.name}: {_text(err)}")
 
     def _run_argv(self) -> list[str]:
         c = self.config
-        lifetime = math.ceil(c.deployment_timeout + min(60.0, c.deployment_timeout))
-        argv = ["run", "-d", "--rm", "--name", self.name,
+        argv = ["run", "-i", "--rm", "--name", self.name,
                 "--label", f"{LABEL}=1", "--label", f"{CREATED_LABEL}={int(time.time())}",
                 "--label", f"{OWNER_LABEL}={owner_id()}",
                 "--network", c.network, "--pull", c.pull]
@@ -215,7 +125,8 @@ class ContainerSandbox(ClosingContext):
             argv += ["--ulimit", ulimit]
         if c.init:
             argv.append("--init")
-        argv += [*c.run_args, "--entrypoint", "sleep", c.image, str(lifetime)]
+        shell, *args = supervisor_shell_argv(self.state_dir, lifetime_s(c.deployment_timeout))
+        argv += [*c.run_args, "--entrypoint", shell, c.image, *args]
         return argv
 
     def _global_args(self) -> list[str]:
@@ -227,79 +138,54 @@ class ContainerSandbox(ClosingContext):
         rc, _, _ = await self._cli_call(["image", "inspect", "--format", "{{.Id}}", self.config.image or ""])
         return rc == 0
 
-    async def close(self) -> None:
-        """Remove the container. Safe to call twice, after a failed or cancelled start, and while cancelled."""
-        self._closed = True
-        self._running = False
-        for proc in list(self._procs):
-            _kill_group(proc)
-        if not self._created:
+    async def _write(self, data: bytes | None) -> None:
+        proc = self._run_proc
+        if proc is None or proc.stdin is None:
+            raise BrokenPipeError("the container is not attached")
+        if data is None:
+            proc.stdin.close()
             return
-        self._created = False
-        if not await remove_containers(self.cli, [self.name], self._global_args(), self._cli_env):
-            log.error("container_not_removed", name=self.name, hint=f"{self.cli} rm -f {self.name}")
+        proc.stdin.write(data)
+        await proc.stdin.drain()
 
-    # -- commands ----------------------------------------------------------------------------------------------
-    async def exec(
-        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
-    ) -> ExecResult:
-        if not self._running:
-            raise SandboxError(f"sandbox {self.name} is not running")
-        async with self._lock:  # one command at a time: they share the command file and the shell state
-            return await self._exec(command, min(timeout, self.config.runtime_timeout), stdin, merge_stderr)
+    async def _describe_end(self) -> str:
+        proc = self._run_proc
+        if proc is None:
+            return "not started"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        err = b""
+        if proc.stderr is not None:
+            with contextlib.suppress(TimeoutError):
+                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
+        status = "still attached" if proc.returncode is None else f"`{self.cli} run` exit status {proc.returncode}"
+        tail = _text(err)
+        return f"{status}; stderr: {tail}" if tail else status
 
-    async def _exec(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
-        if needs_staging(command):
-            rc, _, err = await self._cli_call(["exec", "-i", self.name, *STAGE_ARGV], stdin=command.encode())
-            if rc != 0:
-                raise SandboxError(f"could not pass a {len(command)}-character command to {self.name}: {_text(err)}")
-        argv = ["exec", *(["-i"] if stdin is not None else []), self.name, *launch_argv(command, timeout,
-                                                                                          merge_stderr)]
-        started = time.monotonic()
-        proc = await self._spawn(argv, stdin is not None)
-        io_ = asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr), _feed(proc, stdin), proc.wait())
-        host_timeout = False
-        try:
-            try:
-                (out, dropped_out), (err, dropped_err), _, _ = await asyncio.wait_for(
-                    asyncio.shield(io_), timeout + HOST_GRACE_S)
-            except TimeoutError:  # the in-container timeout did not end it: kill it from outside
-                host_timeout = True
-                await self._kill_running_command()
+    async def _teardown(self) -> None:
+        """Remove the container. Safe to call twice, after a failed or cancelled start, and while cancelled."""
+        for proc in list(self._procs):
+            if proc is not self._run_proc:
                 _kill_group(proc)
-                (out, dropped_out), (err, dropped_err), _, _ = await io_
-        except BaseException:
+        if self._created:
+            self._created = False
+            if not await remove_containers(self.cli, [self.name], self._global_args(), self._cli_env):
+                log.error("container_not_removed", name=self.name, hint=f"{self.cli} rm -f {self.name}")
+        proc, self._run_proc = self._run_proc, None
+        if proc is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
             _kill_group(proc)
-            io_.cancel()
-            io_.add_done_callback(_retrieve)
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.shield(self._kill_running_command())
-            raise
-        finally:
+            await proc.wait()
             self._procs.discard(proc)
-        duration = time.monotonic() - started
-        rc = proc.returncode
-        timed_out = host_timeout or killed_at_timeout(rc, duration, timeout)
-        if not timed_out and rc != 0 and (rc == 125 or (merge_stderr and err)) and not await self._is_running():
-            self._running = False
-            raise SandboxError(f"container {self.name} is gone: {_text(err)}")
-        return ExecResult(stdout=out, stderr=err, exit_code=None if timed_out else rc, timed_out=timed_out,
-                          duration_s=duration, truncated_bytes=dropped_out + dropped_err)
-
-    async def _kill_running_command(self) -> None:
-        await self._cli_call(["exec", self.name, *kill_argv()], timeout=30)
-
-    async def _is_running(self) -> bool:
-        rc, out, _ = await self._cli_call(["inspect", "--format", "{{.State.Running}}", self.name])
-        return rc == 0 and out.strip() == b"true"
 
     # -- subprocesses ------------------------------------------------------------------------------------------
-    async def _spawn(self, args: Sequence[str], with_stdin: bool) -> asyncio.subprocess.Process:
+    async def _spawn(self, args: Sequence[str], with_stdin: bool, limit: int = 1 << 16) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
             self.cli, *self._global_args(), *args,
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=self._cli_env, start_new_session=True,
+            env=self._cli_env, start_new_session=True, limit=limit,
             cwd=tempfile.gettempdir(),  # podman's conmon drops an `oom` marker file into its working directory
         )
         self._procs.add(proc)
@@ -408,11 +294,6 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: a cancelled gather is not reported as "never retrieved"
 
 
 def _text(data: bytes) -> str:

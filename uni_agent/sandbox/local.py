@@ -1,56 +1,43 @@
 """The local backend: a bubblewrap sandbox per rollout, network off, host filesystem read-only.
 
-The task repository is mounted at `workdir` (default /testbed) copy-on-write: an overlayfs whose lower layer is a
-git snapshot of the repo (shared, cached) and whose upper layer belongs to this sandbox. Debian's bubblewrap 0.8 has
-no overlay option, so at start the overlay is mounted in a private mount namespace of its own (`unshare --mount`),
-held open by a sleeping process that dies with its owner (PDEATHSIG), and each command enters that namespace
-(`nsenter --mount`) before `exec bwrap`. The mount lives only in that namespace: nothing is ever mounted on the
-host, and it goes when the holder goes. (Mounting per command instead cost about 4 ms of CPU a command.) Without
-root (or where overlayfs cannot be mounted) the workspace is a plain copy instead.
+One process chain per sandbox, started once: it joins the sandbox's pids cgroup, enters a private mount namespace
+(`unshare --mount`) where the task repository is mounted at `workdir` copy-on-write (an overlayfs whose lower layer
+is the shared git snapshot of the repo and whose upper layer belongs to this sandbox), and becomes `bwrap`, which
+runs the sandbox supervisor (supervisor.py) in fresh namespaces. Every command is then a message to that supervisor
+(session.py): no process chain per command, and what a command leaves running in the background lives as long as
+the sandbox. Nothing is ever mounted on the host: the overlay exists only in the sandbox's namespace and goes with
+it. Without root (or where overlayfs cannot be mounted) the workspace is a plain copy instead. Debian's bubblewrap
+0.8 has no overlay option, hence the mount before bwrap.
 
-Each command is a fresh bwrap process. The shell state the agent expects to persist (working directory and exported
-variables) is saved by an EXIT trap into the sandbox's private state dir and restored before the next command, so a
-killed command can never leave a wedged shell behind.
+The chain dies with its owner: `setpriv --pdeathsig KILL` (kept across the execs that follow) and bwrap's
+`--die-with-parent`; the supervisor also exits when its stdin closes. Closing the sandbox ends the pid namespace,
+and with it every process in the sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 
 from ..config import LocalDeploymentConfig
-from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
+from .backend import SessionSandbox, Transport
+from .base import SandboxStartError
 from .process_limit import ProcessLimit, reap_orphaned_cgroups
+from .repo import BUNDLED_TASKS_DIR, PACKAGE_DIR, prepare_base_repo, resolve_repo
+from .session import supervisor_argv
+from .supervisor import CAPTURE_LIMIT_BYTES
 
-PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
-BUNDLED_TASKS_DIR = Path(PACKAGE_DIR) / "tasks" / "bundled"
-CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # output beyond this is counted, not kept (a `yes` must not eat memory)
-STATE_DIR_IN_SANDBOX = "/run/uni-agent"
+__all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
 
-RUNNER_SCRIPT = r"""
-[ -f {state}/state.sh ] && source {state}/state.sh 2>/dev/null
-__ua_save_state() {{
-  local rc=$?
-  {{ export -p; printf 'cd -- %q\n' "$PWD"; }} > {state}/state.sh.new 2>/dev/null && mv -f {state}/state.sh.new {state}/state.sh
-  return $rc
-}}
-trap __ua_save_state EXIT
-if [ "$UA_MERGE_STDERR" = 1 ]; then exec 2>&1; fi
-unset UA_MERGE_STDERR
-source {state}/cmd.sh
-"""
+STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
+STDERR_TAIL_BYTES = 4000
 
 
 def sandbox_root() -> Path:
@@ -65,8 +52,8 @@ OWNER_FILE = "owner.pid"
 def reap_orphaned_sandboxes(root: Path) -> list[Path]:
     """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
 
-    Its commands died with it (bwrap --die-with-parent, and the overlay mount lived only in their namespaces), so
-    only the directory is left. Run at every sandbox start: another worker on this host may have died since the
+    Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
+    sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
     last one. Kept cheap with a thousand sandboxes under the root (it was a read per dir per start, O(n^2) in all):
     each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
     that finds another one running in this process returns at once (that one is as recent)."""
@@ -102,71 +89,7 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
 
 
 _reap_lock = threading.Lock()
-MOUNT_HOLDER_NAME = "uni-agent-mounts"  # the holder's argv[0], then its sandbox dir: findable in /proc
 _owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
-
-
-def cache_root() -> Path:
-    root = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def resolve_repo(repo: str) -> Path:
-    """`bundled:<instance_id>` or a directory path → the directory holding the repository."""
-    if repo.startswith("bundled:"):
-        path = BUNDLED_TASKS_DIR / repo.removeprefix("bundled:") / "repo"
-    else:
-        path = Path(repo).expanduser()
-    if not path.is_dir():
-        raise SandboxStartError(f"task repository {repo!r} not found (looked at {path})")
-    return path.resolve()
-
-
-def _tree_fingerprint(path: Path) -> str:
-    digest = hashlib.sha256(str(path).encode())
-    for file in sorted(p for p in path.rglob("*") if ".git" not in p.relative_to(path).parts):
-        stat = file.lstat()
-        digest.update(f"{file.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
-
-
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "uni-agent",
-    "GIT_AUTHOR_EMAIL": "uni-agent@localhost",
-    "GIT_COMMITTER_NAME": "uni-agent",
-    "GIT_COMMITTER_EMAIL": "uni-agent@localhost",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
-
-
-def prepare_base_repo(source: Path) -> Path:
-    """A cached git snapshot of `source` (all files committed), shared read-only by every sandbox of the task.
-
-    Built in a temp dir and renamed into place, so concurrent workers never see a half-built snapshot.
-    """
-    base = cache_root() / "repos" / f"{source.name}-{_tree_fingerprint(source)}"
-    if base.is_dir():
-        return base
-    base.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{base.name}-", dir=base.parent))
-    try:
-        shutil.copytree(source, building, symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
-        env = {**os.environ, **GIT_IDENTITY}
-        run = lambda *args: subprocess.run(["git", *args], cwd=building, env=env, check=True, capture_output=True)  # noqa: E731
-        if not (building / ".git").exists():
-            run("init", "-q", "-b", "main")
-        run("add", "-A")
-        run("commit", "-q", "--allow-empty", "--no-verify", "-m", "uni-agent base snapshot")
-        try:
-            os.rename(building, base)
-        except OSError:  # another worker finished first; theirs is identical
-            shutil.rmtree(building, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-    return base
 
 
 def _python_dirs() -> list[str]:
@@ -175,99 +98,108 @@ def _python_dirs() -> list[str]:
     return sorted(d for d in dirs if not d.startswith("/usr/"))
 
 
-class LocalSandbox(ClosingContext):
+def _supervisor_python() -> str:
+    """The system's python3 where there is one (always in the sandbox: /usr is), else the one running us."""
+    return shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+class LocalSandbox(SessionSandbox):
     def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if config.repo is None:
             raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>)")
-        self.config = config
-        self.workdir = config.workdir
-        self.env_variables = dict(env_variables or {})
-        self.name = f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}"
+        super().__init__(config, env_variables, f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}")
         self.dir: Path | None = None
         self.use_overlay = False
-        self._mount_holder: asyncio.subprocess.Process | None = None
-        self._bwrap_argv: dict[bool, list[str]] = {}
+        self._proc: asyncio.subprocess.Process | None = None
         self._base: Path | None = None
-        self._running: set[asyncio.subprocess.Process] = set()
-        self._lock = asyncio.Lock()
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
-    async def start(self) -> None:
+    extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
+
+    # -- where it lives ----------------------------------------------------------------------------------------
+    async def _launch(self) -> Transport:
         if shutil.which("bwrap") is None:
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
         self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
         root = sandbox_root()
         await asyncio.to_thread(reap_orphaned_sandboxes, root)
         self.dir = root / self.name
-        for sub in ("upper", "work", "merged", "tmp", "home", "state"):
+        for sub in ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         self.process_limit.create()
-        (self.dir / "state" / "run.sh").write_text(RUNNER_SCRIPT.format(state=STATE_DIR_IN_SANDBOX))
-        (self.dir / "state" / "state.sh").write_text(self._initial_state())
-        want_overlay = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
-        self.use_overlay = want_overlay and await self._start_mount_holder()
+        self.use_overlay = await self._overlay_wanted()
         if not self.use_overlay:
-            if self.config.workspace == "overlay":
-                raise SandboxStartError("overlayfs workspace requested but it cannot be mounted here (needs root)")
             await asyncio.to_thread(shutil.copytree, self._base, self.dir / "merged", symlinks=True,
                                     dirs_exist_ok=True)
-        probe = await self.exec("true", timeout=self.config.startup_timeout)
-        if probe.exit_code != 0:
-            raise SandboxStartError(f"sandbox did not start: {probe.output.strip()[-2000:]}")
+        proc = self._proc = await self._spawn(self._argv(self.use_overlay))
+        return Transport(proc.stdout, self._write, self._describe_end)  # type: ignore[arg-type]
 
-    async def _start_mount_holder(self) -> bool:
-        """Mount the overlay in a mount namespace of its own, held open by a sleeping process (see the module doc).
-        False when overlayfs cannot be mounted here."""
-        assert self.dir is not None
-        hold = f'echo ready && exec -a "{MOUNT_HOLDER_NAME} $0" sleep infinity'
-        holder = await asyncio.create_subprocess_exec(
-            "setpriv", "--pdeathsig", "KILL", *self._overlay_prefix(), "bash", "-c", hold, str(self.dir),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._mount_holder = holder
-        try:
-            ready = await asyncio.wait_for(holder.stdout.readline(), self.config.startup_timeout)  # type: ignore[union-attr]
-        except TimeoutError:
-            ready = b""
-        if ready == b"ready\n":
-            return True
-        await self._stop_mount_holder()
-        return False
+    async def _overlay_wanted(self) -> bool:
+        wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
+        if not wanted:
+            return False
+        if not _overlay_works:  # probed until it first works, then known for the process
+            if not await self._probe_overlay():
+                if self.config.workspace == "overlay":
+                    raise SandboxStartError("overlayfs workspace requested but it cannot be mounted here (needs root)")
+                return False
+            _overlay_works.append(True)
+        return True
 
-    async def _stop_mount_holder(self) -> None:
-        holder, self._mount_holder = self._mount_holder, None
-        if holder is not None:
-            with contextlib.suppress(ProcessLookupError):
-                holder.kill()
-            await holder.wait()
+    async def _probe_overlay(self) -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            *self._overlay_prefix(), "true", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        return await proc.wait() == 0
 
-    async def close(self) -> None:
-        for proc in list(self._running):
-            _kill_group(proc)
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, limit=1 << 20)
+
+    def _argv(self, overlay: bool) -> list[str]:
+        # The cgroup is joined first, so the whole sandbox (bwrap, supervisor, commands) counts against pids.max.
+        prefix = self.process_limit.command_prefix() + ["setpriv", "--pdeathsig", "KILL"]
+        if overlay:
+            prefix += self._overlay_prefix()
+        return prefix + self._bwrap_args()
+
+    async def _write(self, data: bytes | None) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            raise BrokenPipeError("the sandbox process is not running")
+        if data is None:
+            proc.stdin.close()
+            return
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+
+    async def _describe_end(self) -> str:
+        proc = self._proc
+        if proc is None:
+            return "not started"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 2)
+        err = b""
+        if proc.stderr is not None:
+            with contextlib.suppress(TimeoutError):
+                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
+        status = "still running" if proc.returncode is None else f"exit status {proc.returncode}"
+        tail = err.decode("utf-8", "replace").strip()[-STDERR_TAIL_BYTES:]
+        return f"{status}; stderr: {tail}" if tail else status
+
+    async def _teardown(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()  # bwrap's pid namespace goes with it: every process of the sandbox
+            await proc.wait()
         await asyncio.to_thread(self.process_limit.remove)
-        await self._stop_mount_holder()
         if self.dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.dir, True)
             self.dir = None
-
-    # -- commands ----------------------------------------------------------------------------------------------
-    def _initial_state(self) -> str:
-        """The environment of the first command. Later commands inherit whatever the previous one left exported
-        (so `unset` and `export` stick), starting from a clean slate: nothing of the host's environment leaks in."""
-        env = {
-            "PATH": f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **GIT_IDENTITY,
-            **self.env_variables,
-        }
-        lines = [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
-        return "\n".join(lines + [f"cd -- {shlex.quote(self.workdir)}", ""])
 
     def _overlay_prefix(self) -> list[str]:
         assert self.dir is not None and self._base is not None
@@ -276,17 +208,9 @@ class LocalSandbox(ClosingContext):
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh",
                 str(self._base), str(d / "upper"), str(d / "work"), str(d / "merged")]
 
-    def _bwrap_args(self, merge_stderr: bool) -> list[str]:
-        """The bwrap command line, the same for every command of this sandbox (built once: it stats the host's
-        layout, a millisecond of the event loop's time per command at hundreds of commands a second)."""
-        if merge_stderr not in self._bwrap_argv:
-            self._bwrap_argv[merge_stderr] = self._build_bwrap_args(merge_stderr)
-        return self._bwrap_argv[merge_stderr]
-
-    def _build_bwrap_args(self, merge_stderr: bool) -> list[str]:
+    def _bwrap_args(self) -> list[str]:
         assert self.dir is not None
         d = self.dir
-        env = {"UA_MERGE_STDERR": "1" if merge_stderr else "0"}  # the rest of the environment is shell state
         args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
         if self.config.network:
             args.append("--share-net")
@@ -299,107 +223,34 @@ class LocalSandbox(ClosingContext):
                 args += ["--ro-bind", f"/{link}", f"/{link}"]
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--bind", str(d / "tmp"), "/tmp", "--bind", str(d / "home"), "/root",
-                 "--bind", str(d / "state"), STATE_DIR_IN_SANDBOX]
+                 "--bind", str(d / STATE_DIR_ON_HOST), self.state_dir]
         python_dirs = _python_dirs()
         for python_dir in python_dirs:
             args += ["--ro-bind", python_dir, python_dir]
         if any(PACKAGE_DIR.startswith(d + "/") for d in python_dirs):  # installed into the venv, not editable:
             args += ["--tmpfs", PACKAGE_DIR]  # its bundled tasks hold the tests and solutions the agent must not see
         args += ["--bind", str(d / "merged"), self.workdir, "--chdir", self.workdir]
-        for key, value in env.items():
+        for key, value in self._base_env().items():
             args += ["--setenv", key, value]
+        # Limits set here bind the supervisor and so every command (a shell's `ulimit` is inherited).
         limits = [self.process_limit.shell_limit()]
         if self.config.max_memory_mb:
             limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
-        args += ["bash", "--noprofile", "--norc", "-c", f"{' '.join(limits)} source {STATE_DIR_IN_SANDBOX}/run.sh"]
+        args += ["bash", "--noprofile", "--norc", "-c", f'{" ".join(limits)} exec "$@"', "limits",
+                 *supervisor_argv(_supervisor_python(), self.state_dir)]
         return args
 
-    async def exec(
-        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
-    ) -> ExecResult:
-        if self.dir is None:
-            raise SandboxError(f"sandbox {self.name} is not running")
-        async with self._lock:  # one command at a time: they share the command file and the shell state
-            return await self._exec(command, min(timeout, self.config.runtime_timeout), stdin, merge_stderr)
-
-    async def _exec(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
-        assert self.dir is not None
-        command_file = self.dir / "state" / "cmd.sh"
-        try:
-            # A new file, not the old one truncated: on ext4 rewriting a truncated file starts a writeback flush,
-            # which blocked the event loop for milliseconds under load (a sixth of a busy worker's time).
-            command_file.unlink(missing_ok=True)
-            command_file.write_text(command + "\n")
-        except FileNotFoundError:
-            raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use") from None
-        enter_mounts: list[str] = []
-        if self.use_overlay:
-            holder = self._mount_holder
-            if holder is None or holder.returncode is not None:
-                raise SandboxError(f"sandbox {self.name} is gone: its mount namespace holder has exited")
-            enter_mounts = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
-        argv = self.process_limit.command_prefix() + enter_mounts + self._bwrap_args(merge_stderr)
-        started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group, so a timeout kills everything it started
-        )
-        self._running.add(proc)
-        # Feeding stdin, draining both outputs and waiting all happen together under the timeout: a command that
-        # never reads its input, or writes a lot before reading, cannot stall us.
-        io = asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr), _feed(proc, stdin), proc.wait())
-        timed_out = False
-        try:
-            try:
-                (stdout, dropped_out), (stderr, dropped_err), _, _ = await asyncio.wait_for(asyncio.shield(io),
-                                                                                          timeout)
-            except TimeoutError:
-                timed_out = True
-                _kill_group(proc)
-                (stdout, dropped_out), (stderr, dropped_err), _, _ = await io
-        except BaseException:
-            _kill_group(proc)
-            io.cancel()
-            io.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" noise
-            with contextlib.suppress(BaseException):  # reap it now, while its event loop still runs
-                await asyncio.shield(proc.wait())
-            raise
-        finally:
-            self._running.discard(proc)
-        return ExecResult(
-            stdout=stdout,
-            stderr=stderr,
-            exit_code=None if timed_out else proc.returncode,
-            timed_out=timed_out,
-            duration_s=time.monotonic() - started,
-            truncated_bytes=dropped_out + dropped_err,
-        )
+    def _base_env(self) -> dict[str, str]:
+        """The sandbox's environment before `env_variables`: a clean slate, nothing of the host's leaks in."""
+        return {
+            "PATH": f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
 
 
-async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
-    if data is None or proc.stdin is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        proc.stdin.write(data)
-        await proc.stdin.drain()
-    proc.stdin.close()
+_overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
 
 
-async def _read_capped(stream: asyncio.StreamReader | None) -> tuple[bytes, int]:
-    if stream is None:
-        return b"", 0
-    kept = bytearray()
-    dropped = 0
-    while chunk := await stream.read(65536):
-        room = CAPTURE_LIMIT_BYTES - len(kept)
-        kept += chunk[:room]
-        dropped += max(0, len(chunk) - room)
-    return bytes(kept), dropped
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)

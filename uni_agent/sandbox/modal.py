@@ -4,9 +4,10 @@ start: the app is looked up once per process (`App.lookup(create_if_missing=True
 credentials check, bounded so that a bad token fails in seconds, not after the SDK's ~57 s of retries) → wait for a
 starting slot (at most `max_starting` sandboxes of this process between create and their first answered command) and
 for the create rate (`creates_per_second`) → `Sandbox.create` from `Image.from_registry(image)` with the deployment's
-lifetime as Modal's `timeout`, so Modal ends the sandbox even if this process dies → install the shell protocol
-(container.py: fresh bash per command, state carried over, `timeout -s KILL` inside) → upload the task repository when
-the config names one → a probe command. All of it within `startup_timeout`.
+lifetime as Modal's `timeout`, so Modal ends the sandbox even if this process dies → start the sandbox supervisor
+(supervisor.py) as one long-lived exec whose stdin/stdout carry the session (session.py): every command after that
+is a message on that stream, not an exec of its own → upload the task repository when the config names one → a
+probe command. All of it within `startup_timeout`.
 
 Errors: transient ones (connection, rate limit, internal, timeouts) become SandboxStartError, which the agent loop's
 tenacity retries; the rest (auth, invalid arguments) are SandboxError and fail at once. `close()` terminates the
@@ -31,21 +32,12 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ..config import ModalDeploymentConfig
-from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
-from .container import (
-    HOST_GRACE_S,
-    LABEL,
-    STAGE_ARGV,
-    archive_tree,
-    kill_argv,
-    killed_at_timeout,
-    launch_argv,
-    needs_staging,
-    sandbox_name,
-    shell_setup,
-)
+from .backend import SessionSandbox, Transport
+from .base import SandboxError, SandboxStartError
+from .container import LABEL, lifetime_s, sandbox_name
 from .limiter import start_limits
-from .local import CAPTURE_LIMIT_BYTES, prepare_base_repo, resolve_repo
+from .repo import archive_tree, prepare_base_repo, resolve_repo
+from .session import reader_from_chunks, supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 
@@ -115,22 +107,19 @@ async def lookup_app(modal: Any, name: str, environment_name: str | None) -> Any
     return app
 
 
-class ModalSandbox(ClosingContext):
+class ModalSandbox(SessionSandbox):
     def __init__(self, config: ModalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
         if not config.image:
             raise SandboxError("modal deployment needs `image` (a registry image, e.g. python:3.11)")
-        self.config = config
-        self.workdir = config.workdir
-        self.env_variables = dict(env_variables or {})
-        self.name = sandbox_name(name)
+        super().__init__(config, env_variables, sandbox_name(name))
         self.sandbox_id: str | None = None
         self._modal: Any = None
         self._sandbox: Any = None
+        self._supervisor: Any = None  # the long-lived exec that runs the supervisor
+        self._pump: asyncio.Task | None = None
         self._create_sent = False  # Sandbox.create was called: a sandbox may exist even if the call never returned
-        self._closed = False
-        self._lock = asyncio.Lock()
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
+    # -- where it lives ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self.name} was closed")
@@ -146,13 +135,19 @@ class ModalSandbox(ClosingContext):
                     assert limits.rate is not None
                     await limits.rate.wait()
                     await self._create(modal, app)
-                    await self._setup()
+                    await super().start()
             except TimeoutError:
                 raise SandboxStartError(f"Modal sandbox {self.name} did not start within "
                                         f"startup_timeout={config.startup_timeout:g}s") from None
             except modal.exception.Error as exc:
                 kind = SandboxStartError if is_transient(modal, exc) else SandboxError
                 raise kind(f"Modal sandbox {self.name} failed to start: {type(exc).__name__}: {exc}") from exc
+            except SandboxStartError:
+                raise
+            except SandboxError as exc:  # the stream to a fresh sandbox broke while setting up: start over
+                if "no python3" in str(exc):
+                    raise
+                raise SandboxStartError(str(exc)) from exc
         log.debug("modal_sandbox_started", name=self.name, sandbox_id=self.sandbox_id,
                   seconds=round(time.monotonic() - started, 3))
 
@@ -174,42 +169,60 @@ class ModalSandbox(ClosingContext):
         )
         self.sandbox_id = getattr(self._sandbox, "object_id", None)
 
-    async def _setup(self) -> None:
+    async def _launch(self) -> Transport:
+        lifetime = lifetime_s(self.config.deployment_timeout)
+        proc = self._supervisor = await self._sandbox.exec.aio(
+            *supervisor_shell_argv(self.state_dir, lifetime), timeout=lifetime, text=False)
+        reader, self._pump = reader_from_chunks(proc.stdout)
+        return Transport(reader, self._write, self._describe_end)
+
+    async def _provision(self) -> None:
+        if self.config.repo is None:
+            return
+        base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+        data = await asyncio.to_thread(archive_tree, base)
+        result = await self.exec(f"tar -C {self.workdir} -xf -", self.config.startup_timeout, stdin=data)
+        if result.exit_code != 0:
+            raise SandboxStartError(f"could not upload the repository: {result.output[-2000:]}")
+
+    async def _write(self, data: bytes | None) -> None:
+        proc = self._supervisor
+        if proc is None:
+            raise BrokenPipeError("the supervisor is not running")
         try:
-            await self._setup_shell_and_repo()
-        except SandboxStartError:
-            raise
-        except SandboxError as exc:  # a transport failure while setting up: start over with a fresh sandbox
-            raise SandboxStartError(str(exc)) from exc
+            if data is None:
+                proc.stdin.write_eof()
+            else:
+                proc.stdin.write(data)
+            await proc.stdin.drain.aio()
+        except self._modal.exception.Error as exc:  # the sandbox or the connection to it failed
+            raise ConnectionResetError(f"Modal: {type(exc).__name__}: {exc}") from exc
 
-    async def _setup_shell_and_repo(self) -> None:
-        argv, archive = shell_setup(self.workdir, self.env_variables)
-        rc, out, err, _ = await self._run(argv, archive, timeout=self.config.startup_timeout)
-        if rc != 0:
-            raise SandboxStartError(f"could not set up the shell in Modal sandbox {self.name} (exit {rc}): "
-                                    f"{(out + err).decode('utf-8', 'replace')[-2000:]}")
-        if self.config.repo is not None:
-            base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
-            data = await asyncio.to_thread(archive_tree, base)
-            rc, out, err, _ = await self._run(["/bin/sh", "-c", f"tar -C {self.workdir} -xf -"], data,
-                                              timeout=self.config.startup_timeout)
-            if rc != 0:
-                raise SandboxStartError(f"could not upload the repository: {(out + err).decode('utf-8', 'replace')}")
-        probe = await self.exec("true", timeout=max(1.0, self.config.startup_timeout))
-        if probe.exit_code != 0:
-            raise SandboxStartError(f"Modal sandbox {self.name} does not run commands: exit {probe.exit_code}: "
-                                    f"{probe.output.strip()[-2000:]}")
+    async def _describe_end(self) -> str:
+        proc = self._supervisor
+        if proc is None:
+            return "not started"
+        try:
+            async with asyncio.timeout(5):
+                code = await proc.wait.aio()
+                err = await proc.stderr.read.aio()
+        except Exception as exc:  # noqa: BLE001 - only for the message
+            return f"the supervisor's status is unknown ({type(exc).__name__}: {exc})"
+        tail = (err.decode("utf-8", "replace") if isinstance(err, bytes) else str(err)).strip()[-2000:]
+        return f"exit status {code}; stderr: {tail}" if tail else f"exit status {code}"
 
-    async def close(self) -> None:
-        """Terminate the sandbox. Safe to call twice, after a failed or cancelled start, and while cancelled."""
-        self._closed = True
+    async def _teardown(self) -> None:
+        """Terminate the sandbox on every path; if the create call never returned, find it by name."""
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
         sandbox, self._sandbox = self._sandbox, None
         create_sent, self._create_sent = self._create_sent, False
-        if not create_sent:
-            return
-        task = asyncio.ensure_future(self._terminate(sandbox))
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(task)  # a second cancellation does not stop the termination
+        self._supervisor = None
+        if create_sent:
+            await self._terminate(sandbox)
 
     async def _terminate(self, sandbox: Any) -> None:
         modal = self._modal
@@ -237,75 +250,3 @@ class ModalSandbox(ClosingContext):
                                                      environment_name=self.config.environment_name)
         except modal.exception.NotFoundError:
             return None
-
-    # -- commands ----------------------------------------------------------------------------------------------
-    async def exec(
-        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
-    ) -> ExecResult:
-        if self._sandbox is None:
-            raise SandboxError(f"sandbox {self.name} is not running")
-        timeout = min(timeout, self.config.runtime_timeout)
-        async with self._lock:  # one command at a time: they share the command file and the shell state
-            if needs_staging(command):
-                staged, *_ = await self._run(STAGE_ARGV, command.encode(), timeout=60)
-                if staged != 0:
-                    raise SandboxError(f"could not pass a {len(command)}-character command to {self.name}")
-            started = time.monotonic()
-            rc, out, err, dropped = await self._run(launch_argv(command, timeout, merge_stderr), stdin, timeout)
-        duration = time.monotonic() - started
-        timed_out = rc is None or rc == -1 or killed_at_timeout(rc, duration, timeout)
-        return ExecResult(stdout=out, stderr=err, exit_code=None if timed_out else rc, timed_out=timed_out,
-                          duration_s=duration, truncated_bytes=dropped)
-
-    async def _run(self, argv: list[str], stdin: bytes | None, timeout: float
-                   ) -> tuple[int | None, bytes, bytes, int]:
-        """Run argv in the sandbox: (exit code or None when the host had to kill it, stdout, stderr, dropped)."""
-        modal, sandbox = self._modal, self._sandbox
-        if sandbox is None:
-            raise SandboxError(f"sandbox {self.name} is not running")
-        try:
-            proc = await sandbox.exec.aio(*argv, timeout=math.ceil(timeout + HOST_GRACE_S), text=False)
-
-            async def feed() -> None:
-                if stdin:
-                    proc.stdin.write(stdin)
-                proc.stdin.write_eof()  # a command that reads stdin sees EOF, as with the other backends
-                await proc.stdin.drain.aio()
-
-            async def collect() -> tuple[int, bytes, bytes, int]:
-                (out, d1), (err, d2), _ = await asyncio.gather(_read(proc.stdout), _read(proc.stderr), feed())
-                return await proc.wait.aio(), out, err, d1 + d2
-
-            try:
-                return await asyncio.wait_for(collect(), timeout + 2 * HOST_GRACE_S)
-            except TimeoutError:  # neither the in-sandbox timeout nor Modal's exec timeout ended it
-                await self._kill_running_command()
-                return None, b"", b"", 0
-            except BaseException:
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.shield(self._kill_running_command())
-                raise
-        except modal.exception.Error as exc:  # the sandbox or the connection to it failed, not the command
-            raise SandboxError(f"Modal sandbox {self.name}: {type(exc).__name__}: {exc}") from exc
-
-    async def _kill_running_command(self) -> None:
-        sandbox = self._sandbox
-        if sandbox is None:
-            return
-        async with asyncio.timeout(30):
-            proc = await sandbox.exec.aio(*kill_argv(), timeout=30, text=False)
-            proc.stdin.write_eof()
-            await proc.stdin.drain.aio()
-            await proc.wait.aio()
-
-
-async def _read(stream: Any) -> tuple[bytes, int]:
-    kept = bytearray()
-    dropped = 0
-    async for chunk in stream:
-        if isinstance(chunk, str):
-            chunk = chunk.encode()
-        room = CAPTURE_LIMIT_BYTES - len(kept)
-        kept += chunk[:room]
-        dropped += max(0, len(chunk) - room)
-    return bytes(kept), dropped

@@ -1,0 +1,194 @@
+"""The host's half of the sandbox session: it talks to the supervisor (supervisor.py) running inside a sandbox.
+
+Every backend starts the supervisor its own way (local: inside bubblewrap; podman/docker: as the container's main
+process; Modal: one long-lived exec) and hands this module the two ends of its stdin/stdout. From there, commands,
+timeouts, cancellation and a supervisor that dies are handled here, once for every backend:
+- one command at a time per sandbox (they share the shell state);
+- a command past its timeout is killed by the supervisor inside the sandbox; the host waits a grace period longer,
+  then asks for a cancel, then gives up on the session (SandboxError) rather than hang;
+- a caller cancelled mid-command (the rollout's wall clock, a closing worker) cancels the command in the sandbox
+  and leaves the session usable;
+- the supervisor's stream ending is a SandboxError that says how it ended (its exit status and stderr tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .base import ExecResult, SandboxError, SandboxStartError
+
+log = structlog.get_logger("uni_agent.sandbox")
+
+SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text()
+STATE_DIR_IN_SANDBOX = "/run/uni-agent"
+HOST_GRACE_S = 5.0  # how long past a command's timeout the host waits for the supervisor's own kill to answer
+CANCEL_WAIT_S = 10.0  # how long a cancelled command may take to be reported before the session counts as broken
+READY_LINE_LIMIT = 1 << 20
+
+
+NO_PYTHON = "the sandbox image has no python3: the uni-agent sandbox supervisor needs python3 (>= 3.6) in the image"
+
+
+def supervisor_argv(python: str = "python3", state_dir: str = STATE_DIR_IN_SANDBOX, lifetime_s: float = 0) -> list[str]:
+    """The command line that starts the supervisor inside a sandbox (no file needs to be there first). With a
+    lifetime, the supervisor ends the sandbox by itself after that many seconds (its owner may have crashed)."""
+    return [python, "-I", "-S", "-c", SUPERVISOR_SOURCE, state_dir, f"{lifetime_s:g}"]
+
+
+def supervisor_shell_argv(state_dir: str = STATE_DIR_IN_SANDBOX, lifetime_s: float = 0) -> list[str]:
+    """The same, through /bin/sh, for images where python3 may be missing: the failure then says so plainly."""
+    script = (f'command -v python3 >/dev/null 2>&1 || {{ echo "{NO_PYTHON}" >&2; exit 127; }}; '
+              'exec python3 -I -S -c "$0" "$@"')
+    return ["/bin/sh", "-c", script, SUPERVISOR_SOURCE, state_dir, f"{lifetime_s:g}"]
+
+
+class Session:
+    """A live connection to one sandbox's supervisor.
+
+    `reader` yields the supervisor's stdout, `write` sends bytes to its stdin (and `write(None)` closes it), and
+    `describe_end` says, once the stream has ended, why (exit status, stderr tail) for the error message."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader, write: Callable[[bytes | None], Awaitable[None]],
+                 describe_end: Callable[[], Awaitable[str]]):
+        self.name = name
+        self._reader = reader
+        self._write = write
+        self._describe_end = describe_end
+        self._lock = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self._broken: str | None = None
+        self.supervisor_pid: int | None = None
+        self.python_version = ""
+
+    async def wait_ready(self, timeout: float) -> None:
+        try:
+            header = await asyncio.wait_for(self._read_header(), timeout)
+        except TimeoutError:
+            raise SandboxStartError(f"sandbox {self.name}: the supervisor did not start within {timeout:g}s") from None
+        except SandboxError as exc:
+            if NO_PYTHON in str(exc):
+                raise  # the image will not change: no point in retrying the start
+            raise SandboxStartError(str(exc)) from None
+        if header.get("op") != "ready":
+            raise SandboxStartError(f"sandbox {self.name}: the supervisor said {header!r} instead of ready")
+        self.supervisor_pid = header.get("pid")
+        self.python_version = header.get("python", "")
+
+    async def run(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
+        encoded = command.encode()
+        request = {"op": "exec", "timeout": timeout, "merge": merge_stderr, "cmd": len(encoded),
+                   "stdin": -1 if stdin is None else len(stdin)}
+        return await self._call(request, encoded + (stdin or b""), timeout + HOST_GRACE_S)
+
+    async def write_file(self, path: str, data: bytes, append: bool = False, timeout: float = 60) -> None:
+        await self._call({"op": "write", "path": path, "len": len(data), "append": append}, data, timeout)
+
+    async def close(self) -> None:
+        """Close the supervisor's stdin: it kills every process group it started and exits."""
+        self._broken = self._broken or "closed"
+        with contextlib.suppress(Exception):
+            await self._write(None)
+
+    # -- one request -------------------------------------------------------------------------------------------
+    async def _call(self, request: dict[str, Any], payload: bytes, wait_s: float) -> ExecResult:
+        async with self._lock:
+            if self._broken is not None:
+                raise SandboxError(f"sandbox {self.name} is not usable: {self._broken}")
+            request["id"] = request_id = next(self._ids)
+            started = time.monotonic()
+            await self._send(json.dumps(request).encode() + b"\n" + payload)
+            # The answer is read by a task of its own, so that a cancelled caller never leaves half a message
+            # unread in the stream: the cancel path waits for the same task.
+            answer = asyncio.ensure_future(self._read_result(request_id))
+            try:
+                header, body = await asyncio.wait_for(asyncio.shield(answer), wait_s)
+            except TimeoutError:
+                header, body = await self._cancel(request_id, answer, "did not answer within its timeout")
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._cancel(request_id, answer, "was cancelled"))
+                raise
+            return _result(header, body, time.monotonic() - started)
+
+    async def _cancel(self, request_id: int, answer: asyncio.Future, why: str) -> tuple[dict[str, Any], bytes]:
+        try:
+            await self._send(json.dumps({"op": "cancel", "id": request_id}).encode() + b"\n")
+            return await asyncio.wait_for(asyncio.shield(answer), CANCEL_WAIT_S)
+        except (TimeoutError, SandboxError) as exc:
+            answer.cancel()
+            self._broken = f"command {request_id} {why} and its cancel was not answered"
+            raise SandboxError(f"sandbox {self.name}: {self._broken}") from exc
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            await self._write(data)
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            await self._fail(f"could not reach the supervisor ({type(exc).__name__})")
+
+    async def _read_result(self, request_id: int) -> tuple[dict[str, Any], bytes]:
+        header = await self._read_header()
+        if header.get("op") != "result" or header.get("id") != request_id:
+            await self._fail(f"protocol out of step: expected the result of {request_id}, got {header!r}")
+        size = int(header.get("out", 0)) + int(header.get("err", 0))
+        try:
+            body = await self._reader.readexactly(size) if size else b""
+        except asyncio.IncompleteReadError:
+            await self._fail("the supervisor's output ended mid-message")
+        return header, body
+
+    async def _read_header(self) -> dict[str, Any]:
+        try:
+            line = await self._reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError:
+            await self._fail("the supervisor exited")
+        except asyncio.LimitOverrunError:
+            await self._fail("the supervisor sent a header line that is too long")
+        try:
+            return json.loads(line)
+        except ValueError:
+            await self._fail(f"the supervisor sent something that is not a message: {line[:200]!r}")
+        raise AssertionError("unreachable")
+
+    async def _fail(self, what: str) -> None:
+        if self._broken is None or self._broken == "closed":
+            with contextlib.suppress(Exception):
+                what += f" ({await asyncio.wait_for(self._describe_end(), 5)})"
+        self._broken = what
+        raise SandboxError(f"sandbox {self.name} is gone: {what}")
+
+
+def _result(header: dict[str, Any], body: bytes, seconds: float) -> ExecResult:
+    out_size = int(header.get("out", 0))
+    return ExecResult(
+        stdout=body[:out_size],
+        stderr=body[out_size:],
+        exit_code=header.get("exit"),
+        timed_out=bool(header.get("timed_out") or header.get("cancelled")),
+        duration_s=seconds,
+        truncated_bytes=int(header.get("dropped", 0)),
+    )
+
+
+def reader_from_chunks(chunks: AsyncIterator[bytes | str]) -> tuple[asyncio.StreamReader, asyncio.Task]:
+    """A StreamReader fed from an async iterator of chunks (the Modal SDK's process output), and its pump task."""
+    reader = asyncio.StreamReader(limit=READY_LINE_LIMIT)
+
+    async def pump() -> None:
+        try:
+            async for chunk in chunks:
+                reader.feed_data(chunk.encode() if isinstance(chunk, str) else chunk)
+        except Exception as exc:  # the transport broke: the session sees the end of its stream
+            log.warning("sandbox_stream_broke", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            reader.feed_eof()
+
+    return reader, asyncio.ensure_future(pump())

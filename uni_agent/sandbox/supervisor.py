@@ -1,0 +1,341 @@
+"""The sandbox supervisor: one small process per sandbox, started once, that runs every command of the sandbox.
+
+It runs INSIDE the sandbox (bubblewrap, a container, a Modal sandbox), started as `python3 -I -S -c <this file's
+source> STATE_DIR`, so it must run on any python3 >= 3.6 an image may have, with the standard library alone: no
+third-party imports, no syntax newer than 3.6, nothing from the uni_agent package.
+
+Protocol (its stdin and stdout; its stderr is a diagnostic log only). Every message is one JSON line, followed by
+the raw bytes whose lengths the line announces:
+  host → supervisor  {"op": "exec", "id": N, "timeout": S, "merge": B, "cmd": LEN, "stdin": LEN | -1} cmd-bytes stdin
+                     {"op": "cancel", "id": N}      kill the running command N (its process group)
+                     {"op": "write", "id": N, "path": P, "len": LEN, "append": B} bytes   write a file, no shell
+  supervisor → host  {"op": "ready", "pid": PID, "python": "3.x.y"}           once, at start
+                     {"op": "result", "id": N, "exit": CODE | null, "timed_out": B, "cancelled": B, "out": LEN,
+                      "err": LEN, "dropped": K, "seconds": S} out-bytes err-bytes
+A command runs as `bash run.sh` in a session (and so a process group) of its own. At its timeout, or on cancel, that
+group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
+`nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
+dropped, so they never block on a full pipe. The working directory and exported variables carry over: run.sh saves
+them when the shell exits and the next command's shell restores them; a command's environment is that state alone
+(so `unset` sticks), which starts as the supervisor's own environment plus what the host appends at start. End of
+stdin ends the supervisor and every process group it started (its owner is gone).
+"""
+
+import json
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # per stream; the rest is counted, not kept (a `yes` must not eat memory)
+READ_CHUNK = 65536
+STATE_MARKER = "# uni-agent state end"
+NOT_STATE = ("PWD", "OLDPWD", "SHLVL", "_")  # the shell's own bookkeeping, not the sandbox's environment
+
+# Restores the previous command's state, saves this one's on exit (also after `exit N`), then runs the command file.
+# The save is written to state.sh.new and checked for the end marker by the supervisor before it replaces state.sh,
+# so a shell killed halfway through its save never leaves a broken state behind.
+RUN_SCRIPT = r"""__ua_state=$UA_STATE; unset UA_STATE
+[ -f "$__ua_state/state.sh" ] && source "$__ua_state/state.sh" 2>/dev/null
+__ua_save_state() {
+  local rc=$?
+  { export -p; printf 'cd -- %q\n' "$PWD"; echo '# uni-agent state end'; } > "$__ua_state/state.sh.new" 2>/dev/null
+  return $rc
+}
+trap __ua_save_state EXIT
+source "$0.cmd"
+"""
+
+
+class Command:
+    """One running command: its process, the output kept so far, and its deadline."""
+
+    def __init__(self, request, proc, stdin_data):
+        self.id = request["id"]
+        self.proc = proc
+        self.deadline = time.monotonic() + max(float(request["timeout"]), 0.001)
+        self.started = time.monotonic()
+        self.pending_stdin = stdin_data
+        self.out = bytearray()
+        self.err = bytearray()
+        self.dropped = 0
+        self.open_streams = 2 if proc.stderr is not None else 1
+        self.timed_out = False
+        self.cancelled = False
+
+
+class Supervisor:
+    def __init__(self, state_dir, lifetime_s):
+        self.state_dir = state_dir
+        self.end_of_life = time.monotonic() + lifetime_s if lifetime_s > 0 else None
+        self.run_script = os.path.join(state_dir, "run.sh")
+        self.selector = selectors.DefaultSelector()
+        self.inbox = bytearray()
+        self.current = None
+        self.groups = set()  # every command's process group, killed when the supervisor ends
+        self.out = sys.stdout.buffer
+        self.stdin_fd = sys.stdin.fileno()
+        # SIGCHLD wakes the selector through a pipe: the loop notices a command's exit at once.
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        os.set_blocking(self.stdin_fd, False)
+        self.selector.register(self.stdin_fd, selectors.EVENT_READ, ("inbox", None))
+        self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def serve(self):
+        self.bash = shutil.which("bash")
+        if self.bash is None:
+            raise RuntimeError("bash is not installed in the sandbox")
+        os.makedirs(self.state_dir, exist_ok=True)
+        with open(self.run_script, "w") as f:
+            f.write(RUN_SCRIPT)
+        with open(os.path.join(self.state_dir, "state.sh"), "w") as f:
+            for key, value in sorted(os.environ.items()):
+                if key not in NOT_STATE and key.replace("_", "a").isalnum() and not key[0].isdigit():
+                    f.write("export %s=%s\n" % (key, shlex.quote(value)))
+        self.send({"op": "ready", "pid": os.getpid(), "python": "%d.%d.%d" % sys.version_info[:3]})
+        try:
+            while True:
+                deadlines = [t for t in (self.end_of_life, self.current and self.current.deadline) if t]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                if self.end_of_life is not None and time.monotonic() >= self.end_of_life:
+                    sys.stderr.write("uni-agent supervisor: the sandbox's lifetime is over\n")
+                    return
+                for key, _ in self.selector.select(timeout):
+                    kind, command = key.data
+                    if kind == "inbox":
+                        if not self.read_inbox():
+                            return
+                    elif kind == "wake":
+                        self.drain_wakeups()
+                    elif kind == "stdin":
+                        self.feed_stdin(command)
+                    else:
+                        self.read_output(key.fileobj, kind, command)
+                self.check_current()
+        finally:
+            for group in self.groups:
+                self.kill_group(group)
+
+    def read_inbox(self):
+        try:
+            chunk = os.read(self.stdin_fd, READ_CHUNK)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False  # the host closed our stdin: the sandbox is being closed or its owner died
+        self.inbox += chunk
+        while self.handle_message():
+            pass
+        return True
+
+    def handle_message(self):
+        """Handle the first complete message in the inbox; False when there is none yet."""
+        newline = self.inbox.find(b"\n")
+        if newline < 0:
+            return False
+        request = json.loads(self.inbox[:newline].decode())
+        op = request.get("op")
+        if op == "cancel":
+            del self.inbox[:newline + 1]
+            if self.current is not None and self.current.id == request["id"]:
+                self.current.cancelled = True
+                self.kill_group(self.current.proc.pid)
+            return True
+        sizes = [request["cmd"], max(request["stdin"], 0)] if op == "exec" else [request["len"]]
+        end = newline + 1 + sum(sizes)
+        if len(self.inbox) < end:
+            return False
+        payload = bytes(self.inbox[newline + 1:end])
+        del self.inbox[:end]
+        if op == "write":
+            self.write_file(request, payload)
+        elif op == "exec":
+            command, stdin_data = payload[:sizes[0]], payload[sizes[0]:]
+            self.start(request, command, stdin_data if request["stdin"] >= 0 else None)
+        else:
+            raise ValueError("unknown op %r" % (op,))
+        return True
+
+    # -- commands ----------------------------------------------------------------------------------------------
+    def start(self, request, command, stdin_data):
+        if self.current is not None:
+            raise RuntimeError("a command arrived while another one runs: the host sends one at a time")
+        state_new = os.path.join(self.state_dir, "state.sh.new")
+        if os.path.exists(state_new):
+            os.unlink(state_new)
+        with open(self.run_script + ".cmd", "wb") as f:
+            f.write(command + b"\n")
+        proc = subprocess.Popen(
+            [self.bash, "--noprofile", "--norc", self.run_script],
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if request.get("merge", True) else subprocess.PIPE,
+            env={"UA_STATE": self.state_dir}, start_new_session=True, close_fds=True,
+        )
+        self.groups.add(proc.pid)
+        current = self.current = Command(request, proc, stdin_data)
+        for stream, kind in ((proc.stdout, "out"), (proc.stderr, "err")):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), False)
+                self.selector.register(stream, selectors.EVENT_READ, (kind, current))
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            self.selector.register(proc.stdin, selectors.EVENT_WRITE, ("stdin", current))
+
+    def feed_stdin(self, command):
+        stream = command.proc.stdin
+        try:
+            written = os.write(stream.fileno(), command.pending_stdin[:READ_CHUNK])
+            command.pending_stdin = command.pending_stdin[written:]
+        except BlockingIOError:
+            return
+        except OSError:  # the command closed its stdin or died: the rest of the input is not wanted
+            command.pending_stdin = b""
+        if not command.pending_stdin:
+            self.selector.unregister(stream)
+            stream.close()
+
+    def read_output(self, stream, kind, command):
+        try:
+            chunk = os.read(stream.fileno(), READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.selector.unregister(stream)
+            stream.close()
+            if command is not None:
+                command.open_streams -= 1
+            return
+        if command is None or command is not self.current:
+            return  # a background process of an earlier command: read so it never blocks, then dropped
+        kept = command.out if kind == "out" else command.err
+        room = CAPTURE_LIMIT_BYTES - len(kept)
+        kept += chunk[:max(room, 0)]
+        command.dropped += max(0, len(chunk) - max(room, 0))
+
+    def drain_wakeups(self):
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        self.reap()
+
+    def reap(self):
+        """Reap every exited child: as a container's pid 1 the orphans of background processes come to us too."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            current = self.current
+            if current is not None and pid == current.proc.pid:
+                current.proc.returncode = _exit_code(status)
+
+    def check_current(self):
+        command = self.current
+        if command is None:
+            return
+        if command.proc.returncode is None and time.monotonic() >= command.deadline:
+            command.timed_out = True
+            self.kill_group(command.proc.pid)
+        if command.proc.returncode is None:
+            return
+        # The shell has exited. What it wrote is in the pipe already: read it all now. A stream still open after
+        # that belongs to a process left in the background; it stays registered, read and dropped.
+        for stream in (command.proc.stdout, command.proc.stderr):
+            if stream is not None and not stream.closed:
+                self.read_available(stream, "out" if stream is command.proc.stdout else "err", command)
+        if command.proc.stdin is not None and not command.proc.stdin.closed:
+            self.selector.unregister(command.proc.stdin)
+            command.proc.stdin.close()
+        self.current = None
+        if not (command.timed_out or command.cancelled):
+            self.keep_state()
+        self.send_result(command)
+
+    def read_available(self, stream, kind, command):
+        while not stream.closed:
+            try:
+                chunk = os.read(stream.fileno(), READ_CHUNK)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.selector.unregister(stream)
+                stream.close()
+                return
+            kept = command.out if kind == "out" else command.err
+            room = max(CAPTURE_LIMIT_BYTES - len(kept), 0)
+            kept += chunk[:room]
+            command.dropped += len(chunk) - len(chunk[:room])
+
+    def keep_state(self):
+        new = os.path.join(self.state_dir, "state.sh.new")
+        try:
+            with open(new, "rb") as f:
+                complete = f.read().rstrip().endswith(STATE_MARKER.encode())
+        except OSError:
+            return  # the command replaced its shell (`exec ...`): the previous state stays
+        if complete:
+            os.replace(new, os.path.join(self.state_dir, "state.sh"))
+
+    def send_result(self, command):
+        rc = command.proc.returncode
+        killed = command.timed_out or command.cancelled
+        self.send({"op": "result", "id": command.id, "exit": None if killed else rc, "timed_out": command.timed_out,
+                   "cancelled": command.cancelled, "out": len(command.out), "err": len(command.err),
+                   "dropped": command.dropped, "seconds": round(time.monotonic() - command.started, 6)},
+                  bytes(command.out) + bytes(command.err))
+
+    def write_file(self, request, data):
+        path = request["path"]
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "ab" if request.get("append") else "wb") as f:
+            f.write(data)
+        self.send({"op": "result", "id": request["id"], "exit": 0, "timed_out": False, "cancelled": False,
+                   "out": 0, "err": 0, "dropped": 0, "seconds": 0.0})
+
+    # -- plumbing ----------------------------------------------------------------------------------------------
+    def send(self, header, payload=b""):
+        self.out.write(json.dumps(header).encode() + b"\n" + payload)
+        self.out.flush()
+
+    def kill_group(self, pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _exit_code(status):
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)  # as a shell reports it
+    return os.WEXITSTATUS(status)
+
+
+def main():
+    state_dir = sys.argv[1] if len(sys.argv) > 1 else "/run/uni-agent"
+    lifetime_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    # The protocol owns fd 0 and 1; the commands never see them (their own stdin/stdout are pipes).
+    try:
+        Supervisor(state_dir, lifetime_s).serve()
+    except Exception as exc:  # the host reads this from our stderr when the stream ends
+        sys.stderr.write("uni-agent supervisor failed: %s: %s\n" % (type(exc).__name__, exc))
+        sys.exit(70)
+
+
+if __name__ == "__main__":
+    main()
