@@ -17,7 +17,8 @@ import structlog
 
 from .config import AgentConfig
 from .events import Emit, no_emit, rollout_event
-from .llm import ChatClient, ContextLimitError, LLMError
+from .failures import classify, infra
+from .llm import ChatClient, ChatReply, ContextLimitError, LLMError
 from .redact import redact
 from .rollout import RolloutResult, RolloutSpec
 from .sandbox import Sandbox, SandboxError
@@ -31,6 +32,7 @@ from .tool_parsing import (
     tool_format_instructions,
 )
 from .tools import Toolbox
+from .trajectory import TurnTokens, build_sequence
 
 log = structlog.get_logger("uni_agent.agent")
 
@@ -53,6 +55,9 @@ class UniAgentLoop:
         self.agent = agent
         self.llm = llm
         self.emit = emit
+        self._tokens: list[TurnTokens] = []  # each model call's tokens, as the engine reported them
+        self._tokens_missing: str | None = None  # the first call that came back without them, and why
+        self._token_source = ""
 
     async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
         agent = self.agent
@@ -88,15 +93,22 @@ class UniAgentLoop:
             result.exit_reason, result.error = end.exit_reason, str(end)
         except ContextLimitError as exc:
             result.exit_reason, result.error = "context_limit", str(exc)
-        except (LLMError, SandboxError, OSError) as exc:
+        except LLMError as exc:  # transport errors and 429/5xx after retries, or an unusable answer
             result.exit_reason, result.error = "error", f"{type(exc).__name__}: {exc}"
+            infra(result, "llm", result.error)
+        except (SandboxError, OSError) as exc:
+            result.exit_reason, result.error = "error", f"{type(exc).__name__}: {exc}"
+            infra(result, "sandbox", result.error)
         finally:
             if sandbox is not None:
                 await self._collect_patch_and_close(sandbox, result, spec.grade_in_sandbox)
         result.messages = redact(json.dumps(messages, ensure_ascii=False))
         if result.error is not None:  # an endpoint's error body may echo the request's credentials
             result.error = redact(result.error)
-        result.masked = agent.mask_abnormal_exit_traj and result.exit_reason != "submitted"
+        classify(result)  # settled again once the grade is known (RolloutResult.record)
+        if result.failure_cause is not None:
+            result.failure_cause = redact(result.failure_cause)
+        self._record_tokens(result)
         result.total_s = time.monotonic() - started
         result.finished_at = time.time()
         bound.info("rollout_finished", exit_reason=result.exit_reason, turns=result.num_turns, error=result.error)
@@ -109,6 +121,7 @@ class UniAgentLoop:
         except (SandboxError, OSError) as exc:
             if result.error is None:
                 result.exit_reason, result.error = "error", f"could not collect the patch: {exc}"
+                infra(result, "sandbox", result.error)
         try:
             if grade:  # reward.in_agent_sandbox: the tests see the machine as the agent left it
                 from .verify import grade_in_sandbox  # verify imports this module
@@ -151,6 +164,7 @@ class UniAgentLoop:
             result.llm_s += reply.latency_s
             result.prompt_tokens += reply.prompt_tokens
             result.completion_tokens += reply.completion_tokens
+            self._keep_tokens(reply, turn)
             assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
             if reply.tool_calls:
                 assistant["tool_calls"] = reply.tool_calls
@@ -170,6 +184,28 @@ class UniAgentLoop:
                     if timeouts_left < 0:
                         raise EpisodeEnd("timeout_budget", f"more than {interaction.timeout_budget} command timeouts")
         return "max_turns"
+
+    def _keep_tokens(self, reply: ChatReply, turn: int) -> None:
+        self._token_source = reply.token_source
+        if reply.tokens is not None:
+            self._tokens.append(reply.tokens)
+        elif reply.token_source and self._tokens_missing is None:
+            self._tokens_missing = f"turn {turn}: {reply.tokens_missing}"
+
+    def _record_tokens(self, result: RolloutResult) -> None:
+        """The rollout's training sequence (uni_agent.trajectory) and its mask. A rollout some of whose calls came
+        back without tokens gets none: a sequence with a hole would not be what the model saw."""
+        result.token_source = self._token_source
+        if self._tokens_missing is not None:
+            result.tokens_missing = self._tokens_missing
+        elif self._tokens:
+            seq = build_sequence(self._tokens)
+            result.input_ids, result.loss_mask, result.logprobs = seq.input_ids, seq.loss_mask, seq.logprobs
+            result.token_drift = seq.drift_json()
+        if self.agent.mask_abnormal_exit_traj and result.exit_reason != "submitted":
+            # the seed's meaning: a rollout that did not end with `submit` is not trained on
+            result.masked, result.mask_reason = True, f"mask_abnormal_exit_traj: exit_reason {result.exit_reason}"
+            result.loss_mask = [0] * len(result.loss_mask)
 
     def _parse(self, reply, schemas, messages) -> tuple[list[ToolCall] | None, bool]:
         """The reply's tool calls, or None after appending an error observation the model can act on."""

@@ -1,4 +1,8 @@
-"""An OpenAI-compatible chat client: one POST per turn, transient faults retried with backoff (tenacity)."""
+"""An OpenAI-compatible chat client: one POST per turn, transient faults retried with backoff (tenacity).
+
+With `token_capture` it also keeps each call's tokens exactly as the engine reports them (see TOKEN_CAPTURE): the
+prompt ids the engine saw, the completion ids it sampled and their logprobs. A reply without them still works as a
+reply; its `tokens` is None and `tokens_missing` says why."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from .redact import redact
+from .trajectory import TurnTokens
 
 log = structlog.get_logger("uni_agent.llm")
 
@@ -31,6 +36,10 @@ class ContextLimitError(LLMError):
     """The conversation no longer fits the model's context window."""
 
 
+class _NoTokens(Exception):
+    """The engine's answer lacks the token fields asked for (the reply itself is fine)."""
+
+
 @dataclass
 class ChatReply:
     content: str
@@ -40,10 +49,37 @@ class ChatReply:
     completion_tokens: int
     latency_s: float
     raw_message: dict[str, Any] = field(default_factory=dict)
+    tokens: TurnTokens | None = None
+    tokens_missing: str | None = None  # why `tokens` is None when token capture was asked for
+    token_source: str = ""  # the TOKEN_CAPTURE protocol asked for, "" when none
+
+
+# How each engine gives a chat call's tokens (request fields looked up in the pinned versions' sources):
+# - vllm (0.33): `return_token_ids` adds the top-level `prompt_token_ids` and the choice's `token_ids`; `logprobs`
+#   with `top_logprobs: 0` gives each sampled token's logprob; `return_tokens_as_token_ids` names each logprob entry
+#   "token_id:N" (the ids again, for a server without `return_token_ids`).
+# - llama_server (llama.cpp's server as vendored in llama-cpp-python 0.3.36): `logprobs` with `top_logprobs: 1` gives
+#   each sampled token's id and logprob (choices[0].logprobs.content[i].id / .logprob); the prompt ids come from the
+#   same server: POST /apply-template with the same body renders the prompt exactly as /v1/chat/completions does, and
+#   POST /tokenize with add_special (as the completion path tokenizes) gives its ids, checked against usage.
+# Both report logprobs of the model's own distribution, before temperature and top_p.
+TOKEN_CAPTURE = ("vllm", "llama_server")
+_TOKEN_FIELDS = {
+    "vllm": {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True},
+    "llama_server": {"logprobs": True, "top_logprobs": 1},
+}
 
 
 POOL_REQUESTS = 8  # requests in flight per connection pool (see ChatClient.__init__)
 CONTEXT_MARKERS = ("context length", "context window", "maximum context", "exceed context", "too many tokens")
+
+
+def token_capture_for(setting: str, engine: str) -> str | None:
+    """The TOKEN_CAPTURE protocol a run uses: `auto` picks the engine's own; an external endpoint is asked for none
+    unless told which protocol it speaks (unknown request fields can make a strict server refuse every call)."""
+    if setting == "auto":
+        return {"llama_cpp": "llama_server", "vllm": "vllm"}.get(engine)
+    return None if setting == "off" else setting
 
 
 class ChatClient:
@@ -57,7 +93,11 @@ class ChatClient:
         max_attempts: int = 5,
         sampling: dict[str, Any] | None = None,
         retry_unreachable: bool = True,
+        token_capture: str | None = None,
     ):
+        if token_capture not in (None, *TOKEN_CAPTURE):
+            raise ValueError(f"token_capture {token_capture!r}: expected one of {TOKEN_CAPTURE} or None")
+        self.token_capture = token_capture
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_attempts = max_attempts
@@ -101,6 +141,8 @@ class ChatClient:
             body["tool_choice"] = "auto"
         if response_format:
             body["response_format"] = response_format
+        if self.token_capture:
+            body.update(_TOKEN_FIELDS[self.token_capture])
         retrying = AsyncRetrying(
             retry=retry_if_exception(self._worth_retrying),
             stop=stop_after_attempt(self.max_attempts),
@@ -110,13 +152,59 @@ class ChatClient:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._post(body)
-        raise AssertionError("unreachable")
+                reply, data = await self._post(body)
+        if self.token_capture:
+            reply.token_source = self.token_capture
+            try:
+                reply.tokens = await self._tokens(body, data)
+            except _NoTokens as exc:
+                reply.tokens_missing = f"{self.token_capture}: {exc}"
+        return reply
 
     def _worth_retrying(self, exc: BaseException) -> bool:
         return isinstance(exc, TransientLLMError) and (self.retry_unreachable or not isinstance(exc, EndpointDownError))
 
-    async def _post(self, body: dict[str, Any]) -> ChatReply:
+    async def _tokens(self, body: dict[str, Any], data: dict[str, Any]) -> TurnTokens:
+        choice = data["choices"][0]
+        entries = (choice.get("logprobs") or {}).get("content")
+        if not isinstance(entries, list):
+            raise _NoTokens("the answer has no logprobs.content")
+        try:
+            logprobs = [float(e["logprob"]) for e in entries]
+            if self.token_capture == "vllm":
+                prompt = data.get("prompt_token_ids")
+                completion = choice.get("token_ids") or [int(e["token"].removeprefix("token_id:")) for e in entries]
+                if not isinstance(prompt, list):
+                    raise _NoTokens("the answer has no prompt_token_ids (vLLM before return_token_ids)")
+            else:
+                completion = [int(e["id"]) for e in entries]
+                prompt = await self._llama_server_prompt_ids(body)
+            tokens = TurnTokens([int(t) for t in prompt], [int(t) for t in completion], logprobs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _NoTokens(f"unreadable token fields ({type(exc).__name__}: {exc})") from None
+        reported = (data.get("usage") or {}).get("prompt_tokens")
+        if reported is not None and int(reported) != len(tokens.prompt_ids):
+            raise _NoTokens(f"{len(tokens.prompt_ids)} prompt ids but the engine counted {reported}")
+        return tokens
+
+    async def _llama_server_prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        root = self.base_url.removesuffix("/v1")
+        pool = self._pool()
+        self._in_flight[pool] += 1
+        try:
+            http = self._pools[pool]
+            rendered = await http.post(f"{root}/apply-template", json=body)
+            rendered.raise_for_status()
+            ids = await http.post(f"{root}/tokenize", json={"content": rendered.json()["prompt"], "add_special": True,
+                                                            "parse_special": True})
+            ids.raise_for_status()
+            return ids.json()["tokens"]
+        except httpx.HTTPError as exc:
+            raise _NoTokens(f"could not get the prompt ids ({type(exc).__name__}: {exc})") from None
+        finally:
+            self._in_flight[pool] -= 1
+
+    async def _post(self, body: dict[str, Any]) -> tuple[ChatReply, dict[str, Any]]:
         started = time.monotonic()
         pool = self._pool()
         self._in_flight[pool] += 1
@@ -153,7 +241,7 @@ class ChatClient:
             completion_tokens=int(usage.get("completion_tokens") or 0),
             latency_s=latency,
             raw_message=message,
-        )
+        ), data
 
 
 async def check_endpoint(base_url: str, api_key: str | None = None, timeout: float = 10) -> list[str]:

@@ -1,6 +1,7 @@
 """`uni-agent report OUTPUT_DIR`: one self-contained HTML file from a run's Parquet results.
 
-Reward per task, Avg@N with a bootstrap confidence interval over tasks, pass@k, a turns histogram (inline SVG), exit
+Reward per task, Avg@N with a bootstrap confidence interval over tasks and the infrastructure failures counted
+apart (an outage is not a model result), pass@k, a turns histogram (inline SVG), exit
 reasons, the time breakdown, and the slowest and failing rollouts linked to their trajectories, which are rendered
 in the same file. No scripts or styles from elsewhere: the file opens offline and can be mailed around.
 """
@@ -51,13 +52,14 @@ def render_report(frame: pd.DataFrame, summary: dict[str, Any] | None = None, *,
     for col in ("messages", "patch", "verification", "worker", "exit_reason"):
         df[col] = df[col].fillna("").astype(object)
     df["error"] = df["error"].astype(object).where(df["error"].notna(), None)  # pandas' str dtype gives NaN
+    df["failure_kind"] = _failure_kinds(df)
     df["rollout"] = df["rollout"].astype(int)
     df["reward"] = df["reward"].astype(float)
     df["wall_s"] = df["total_s"].astype(float) + df["verify_s"].astype(float)
     df = df.sort_values(["instance_id", "rollout"]).reset_index(drop=True)
     summary = summary or {}
     failing_rows = df[(df["exit_reason"] == "error") | df["error"].notna()]
-    failing_rows = failing_rows.assign(_err=failing_rows["exit_reason"] == "error").sort_values(
+    failing_rows = failing_rows.assign(_err=failing_rows["failure_kind"] == "infra").sort_values(
         ["_err", "instance_id", "rollout"], ascending=[False, True, True]).head(failing)
     slow_rows = df.sort_values("wall_s", ascending=False).head(slowest)
     shown = _pick_trajectories(df, slow_rows, failing_rows, max_trajectories)
@@ -84,7 +86,8 @@ def render_report(frame: pd.DataFrame, summary: dict[str, Any] | None = None, *,
         "<h2 id='slowest'>Slowest rollouts</h2>",
         _rollout_table(slow_rows, anchors, with_error=False, table_id="slowest-table"),
         "<h2 id='failing'>Failing rollouts</h2>",
-        "<p class='note'>Rollouts that ended in an error or carry an error message (infrastructure errors first).</p>",
+        "<p class='note'>Rollouts that ended in an error or carry an error message (infrastructure failures first)."
+        "</p>",
         _rollout_table(failing_rows, anchors, with_error=True, table_id="failing-table") if len(failing_rows) else
         "<p class='empty'>No rollout failed.</p>",
         f"<h2 id='trajectories'>Trajectories ({len(shown)} of {len(df)})</h2>",
@@ -135,6 +138,16 @@ def _pick_trajectories(df: pd.DataFrame, slow: pd.DataFrame, failing: pd.DataFra
     return chosen
 
 
+def _failure_kinds(df: pd.DataFrame) -> pd.Series:
+    """Each row's failure_kind; rows written before the column existed get it from exit reason and reward."""
+    inferred = pd.Series("model", index=df.index, dtype=object)
+    inferred[df["reward"] >= 1] = "none"
+    inferred[df["exit_reason"] == "error"] = "infra"
+    if "failure_kind" not in df:
+        return inferred
+    return df["failure_kind"].astype(object).where(df["failure_kind"].notna(), inferred)
+
+
 # -- HTML pieces -------------------------------------------------------------------------------------------------
 
 
@@ -171,6 +184,7 @@ def _rollout_link(row: Any, anchors: dict[tuple[str, int], str], text: str | Non
 
 def _headline(df, avg, lo, hi, n, n_values, pass_k, summary) -> str:
     ci = f"95% CI {_fmt(lo)}–{_fmt(hi)}" if lo is not None else "one task: no interval"
+    infra = df["failure_kind"] == "infra"
     uneven = "" if n_values.nunique() == 1 else (
         f"<div class='sub'>tasks have {n_values.min()}–{n_values.max()} rollouts; mean over rollouts "
         f"{_fmt(df['reward'].mean())}</div>")
@@ -182,6 +196,9 @@ def _headline(df, avg, lo, hi, n, n_values, pass_k, summary) -> str:
          f"{df['instance_id'].nunique()} tasks at least once</div>"),
         ("errors", "errors", str(int((df["exit_reason"] == "error").sum())),
          f"<div class='sub'>{int(df['error'].notna().sum())} rollouts with an error message</div>"),
+        ("infra-failures", "infrastructure failures", str(int(infra.sum())),
+         f"<div class='sub'>not model results; Avg@{n} without them "
+         f"{_fmt(df.loc[~infra, 'reward'].mean()) if (~infra).any() else '-'}</div>"),
     ]
     if summary.get("wall_seconds"):
         tiles.append(("wall", "wall clock", _dur(summary["wall_seconds"]),
@@ -278,14 +295,15 @@ def _time_breakdown(df: pd.DataFrame) -> str:
 def _rollout_table(rows: pd.DataFrame, anchors, *, with_error: bool, table_id: str) -> str:
     body = []
     for _, r in rows.iterrows():
-        error = f"<td class='wrap'>{_e((r['error'] or '')[:300])}</td>" if with_error else ""
+        error = (f"<td>{_e(r['failure_kind'])}</td><td class='wrap'>{_e((r['error'] or '')[:300])}</td>"
+                 if with_error else "")
         body.append(f"<tr><td>{_rollout_link(r, anchors)}</td><td class='num'>{r['reward']:g}</td>"
                     f"<td>{_e(r['exit_reason'])}</td><td class='num'>{int(r['num_turns'])}</td>"
                     f"<td class='num'>{_dur(r['total_s'])}</td><td class='num'>{_dur(r['verify_s'])}</td>"
                     f"<td>{_e(r['worker'])}</td>{error}</tr>")
     head = ("<tr><th>rollout</th><th class='num'>reward</th><th>exit</th><th class='num'>turns</th><th class='num'>"
-            "episode</th><th class='num'>verify</th><th>worker</th>" + ("<th>error</th>" if with_error else "")
-            + "</tr>")
+            "episode</th><th class='num'>verify</th><th>worker</th>"
+            + ("<th>failure</th><th>error</th>" if with_error else "") + "</tr>")
     return f"<table class='rollouts' id='{table_id}'><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
 
 

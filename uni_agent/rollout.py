@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .config import AgentConfig
@@ -12,6 +12,10 @@ if TYPE_CHECKING:
 
 ExitReason = Literal["submitted", "max_turns", "context_limit", "timeout_budget", "error"]
 EXIT_REASONS: tuple[str, ...] = ("submitted", "max_turns", "context_limit", "timeout_budget", "error")
+# Whose failure a row is (uni_agent.failures): none (resolved), the model's, or the infrastructure's.
+FAILURE_KINDS: tuple[str, ...] = ("none", "model", "infra")
+# Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
+TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,10 @@ class RolloutResult:
     patch: str = ""
     reward: float = 0.0
     resolved: bool = False
-    masked: bool = False  # mask_abnormal_exit_traj: the trajectory should not be trained on
+    masked: bool = False  # mask_abnormal_exit_traj: the trajectory should not be trained on (loss_mask all 0)
+    mask_reason: str | None = None  # why `masked` (or why loss_mask is empty)
+    failure_kind: str = "none"  # none | model | infra (uni_agent.failures)
+    failure_cause: str | None = None  # e.g. "max_turns", "unresolved", "sandbox: SandboxStartError: ..."
     num_turns: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -56,6 +63,20 @@ class RolloutResult:
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
+    # The training sequence (uni_agent.trajectory): every model call's prompt and completion tokens as the engine
+    # reported them, 1 in loss_mask on sampled tokens, each sampled token's logprob (0 elsewhere). Empty when the
+    # engine gave no token ids (token_source says which engine protocol filled them).
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_source: str = ""  # llama_server | vllm | "" (none asked for)
+    tokens_missing: str | None = None  # why the token columns are empty although token_source was asked for
+    token_drift: str | None = None  # JSON: the turn whose prompt did not continue the sequence, and where
+    attempts: str = "[]"  # JSON: earlier attempts of this rollout replaced by --retry-errors (oldest first)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.instance_id, self.rollout)
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -67,3 +88,6 @@ class RolloutResult:
         self.verification = verification.to_json()
         if verification.status in ("error", "timeout") and self.error is None:
             self.error = f"verification {verification.status}: {verification.error}"
+        from .failures import classify  # failures imports this module
+
+        classify(self, verification.status, verification.error)

@@ -1,4 +1,7 @@
-"""The run summary (summary.json): Avg@N, pass@k, exit reasons, throughput."""
+"""The run summary (summary.json): Avg@N, pass@k, exit reasons, failure kinds, throughput.
+
+Avg@N is over all rollouts, infrastructure failures included (they score 0); `infra_failures` counts them apart, with
+`avg_at_n_without_infra` beside it, so that an outage is never read as a model result."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .rollout import EXIT_REASONS
+from .rollout import EXIT_REASONS, FAILURE_KINDS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,6 +43,7 @@ def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: fl
         **pass_k,
         "exit_reasons": exit_reasons,
         "errors": int(results["error"].notna().sum()) if len(results) else 0,
+        **failure_counts(results),
         "wall_seconds": round(wall_seconds, 2),
         "rollouts_per_minute": round(len(results) / wall_seconds * 60, 2) if wall_seconds > 0 else 0.0,
     }
@@ -50,3 +54,23 @@ def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: fl
         }
     summary.update(extra or {})
     return summary
+
+
+def failure_counts(results: pd.DataFrame) -> dict[str, Any]:
+    """failure_kinds (none/model/infra), infra_failures with their causes by part, Avg@N without the infra rows."""
+    kinds = results["failure_kind"].fillna("none") if len(results) and "failure_kind" in results else None
+    counts = {kind: 0 for kind in FAILURE_KINDS}
+    causes: dict[str, int] = {}
+    if kinds is not None:
+        for kind, count in kinds.value_counts().items():
+            counts[str(kind)] = int(count)
+        for cause in results.loc[kinds == "infra", "failure_cause"].fillna("unknown"):
+            part = str(cause).split(":", 1)[0]
+            causes[part] = causes.get(part, 0) + 1
+    clean = results[kinds != "infra"] if kinds is not None else results
+    return {
+        "failure_kinds": counts,
+        "infra_failures": counts["infra"],
+        "infra_failure_parts": causes,
+        "avg_at_n_without_infra": round(float(clean["reward"].astype(float).mean()), 4) if len(clean) else None,
+    }

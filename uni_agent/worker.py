@@ -29,7 +29,7 @@ log = structlog.get_logger("uni_agent.worker")
 
 class AgentWorker:
     def __init__(self, urls: list[str], model: str, api_key: str | None, sampling: dict[str, Any],
-                 llm_timeout: float, log_dir: str, log_level: str = "INFO"):
+                 llm_timeout: float, log_dir: str, log_level: str = "INFO", token_capture: str | None = None):
         if not urls:
             raise ValueError("AgentWorker needs at least one engine URL")
         register_secret(api_key)
@@ -37,7 +37,8 @@ class AgentWorker:
         self.urls = list(urls)
         # With several replicas a dead one is not waited for: its rollouts move on (Router).
         self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling,
-                                        retry_unreachable=len(urls) == 1) for url in urls}
+                                        retry_unreachable=len(urls) == 1, token_capture=token_capture)
+                        for url in urls}
         self.router = Router(self.clients, give_up_after=llm_timeout)
         self.in_flight = 0
         self.address = _worker_address()

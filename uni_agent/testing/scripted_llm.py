@@ -25,7 +25,8 @@ class Fault:
     body: str = '{"error": {"message": "injected fault"}}'
 
 
-# A policy gets the request body and returns an assistant message dict, or a Fault.
+# A policy gets the request body and returns an assistant message dict (optionally with "_response", "_choice",
+# "_usage": fields merged into the answer), or a Fault.
 Policy = Callable[[dict[str, Any]], "dict[str, Any] | Fault"]
 
 
@@ -91,12 +92,17 @@ class ScriptedLLM:
                 if isinstance(reply, Fault):
                     self._send(reply.status, reply.body)
                     return
+                # Extra fields an engine adds (e.g. vLLM's token ids): "_response", "_choice", "_usage" are merged
+                # into the answer, its choice and its usage.
+                reply = dict(reply)
+                extra, choice_extra, usage_extra = (reply.pop(k, {}) for k in ("_response", "_choice", "_usage"))
                 finish = "tool_calls" if reply.get("tool_calls") else "stop"
                 self._send(200, json.dumps({
                     "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "model": server.model,
-                    "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                    "choices": [{"index": 0, "message": reply, "finish_reason": finish, **choice_extra}],
                     "usage": {"prompt_tokens": sum(len(str(m.get("content", ""))) // 4 for m in body["messages"]),
-                              "completion_tokens": len(json.dumps(reply)) // 4},
+                              "completion_tokens": len(json.dumps(reply)) // 4, **usage_extra},
+                    **extra,
                 }))
 
         self._httpd = _Server((host, 0), Handler)
