@@ -35,6 +35,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--nnodes", {"type": int}),
     ("--n-gpus-per-node", {"type": int}),
     ("--tp", {"type": int, "help": "tensor parallel size (vllm)"}),
+    ("--token-capture", {"choices": ["auto", "off", "llama_server", "vllm"],
+                         "help": "keep each call's token ids and logprobs (auto: by engine; external: off)"}),
 ]
 
 
@@ -43,6 +45,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, default=None, **kwargs)
     parser.add_argument("--no-verify", dest="verify", action="store_const", const=False, default=None)
     parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
+    parser.add_argument("--retry-errors", dest="retry_errors", action="store_const", const=True, default=None,
+                        help="resuming: run again the rollouts whose failure_kind is infra (their rows replaced)")
 
 
 def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func")):

@@ -30,12 +30,15 @@ from .dashboard import UniAgentDashboard, page_url
 from .dataset import RowProblem, build_specs, read_rows
 from .engines import start_engines
 from .events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
+from .llm import token_capture_for
 from .logs import configure_logging
+from .manifest import RunManifest, engine_versions
 from .redact import redact, register_secret
 from .results import ResultStore
 from .rollout import RolloutResult, RolloutSpec
 from .settings import REPO_ROOT, RunSettings, load_settings
 from .summary import summarize
+from .trajectory import capture_note
 from .verify import Verification, verify_patch
 from .worker import AgentWorker
 
@@ -109,16 +112,22 @@ async def run_async(
         log.error("row_rejected", row=problem.row_index, instance_id=problem.instance_id, error=problem.error)
     if not specs:
         raise ConfigError(f"{source}: no valid rows to run ({len(problems)} rejected)")
+    manifest = RunManifest.begin(output_dir, run_id, settings, agents, source, rows, specs)  # run.json
+    capture = token_capture_for(settings.token_capture, settings.engine)
+    if (note := capture_note(capture, settings.engine)) is not None:
+        print(note, file=sys.stderr)  # once per run, not per rollout
+    manifest.note(token_capture=capture)
 
     store = ResultStore(output_dir, settings.flush_every)
-    done = store.done_keys()
+    done = store.done_keys(retry_infra=settings.retry_errors)  # --retry-errors: infra rows are not done
     todo = [s for s in specs if s.key not in done]
+    retried = f", {len(store.retrying)} of them infra failures run again" if store.retrying else ""
     print(f"uni-agent run {run_id}: {len(specs) // settings.n} tasks x n={settings.n} = {len(specs)} rollouts"
-          f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run)", file=sys.stderr)
+          f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run{retried})", file=sys.stderr)
     try:
         if todo:
             async with _cluster_client(settings, scheduler_address) as client:
-                await _run_rollouts(client, todo, settings, store, log_dir)
+                await _run_rollouts(client, todo, settings, store, log_dir, manifest)
     finally:  # whatever ended the run, what finished is on disk for the rerun
         store.flush()
 
@@ -129,6 +138,9 @@ async def run_async(
                         wall_seconds=time.monotonic() - started,
                         extra={"run_id": run_id, "rejected_rows": len(problems), "output_dir": str(output_dir)})
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if capture is not None and (note := capture_note(capture, settings.engine, results)) is not None:
+        print(note, file=sys.stderr)
+    manifest.finish(summary)
     return RunOutcome(results.reset_index(drop=True), summary, problems)
 
 
@@ -187,12 +199,14 @@ async def _cluster_client(settings: RunSettings, scheduler_address: str | None) 
 
 
 async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
-                        log_dir: Path) -> None:
+                        log_dir: Path, manifest: RunManifest | None = None) -> None:
     try:  # the live page and metrics (a no-op when the scheduler has them); not worth failing a run for
         await client.register_plugin(UniAgentDashboard())
     except Exception as exc:
         log.warning("dashboard_not_registered", error=repr(exc))
     engines = await start_engines(client, settings, str(log_dir))
+    if manifest is not None:
+        manifest.note(engines=await engine_versions(engines.urls, engines.api_key), model_name=engines.model_name)
     pool = _AgentPool(client, engines, settings, log_dir)
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
@@ -221,6 +235,7 @@ class _AgentPool:
         future = self.client.submit(
             AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
             str(self.log_dir), self.settings.log_level,
+            token_capture=token_capture_for(self.settings.token_capture, self.settings.engine),
             actor=True, workers=[worker], key=f"agent-worker-{len(self.futures)}-{uuid.uuid4().hex[:8]}",
         )
         waiter = asyncio.ensure_future(_awaited(future))
@@ -386,7 +401,8 @@ class _Dispatcher:
             finally:
                 self.in_flight[id(actor)] -= 1
         return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
-                             exit_reason="error", error=f"agent worker failed: {last_error}")
+                             exit_reason="error", error=f"agent worker failed: {last_error}", failure_kind="infra",
+                             failure_cause=f"worker: {last_error}"[:2000])
 
     async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
         future = self.client.submit(

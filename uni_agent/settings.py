@@ -74,6 +74,10 @@ class RunSettings(BaseSettings):
     flush_every: int = 16
     log_level: str = "INFO"
     progress: bool = True
+    retry_errors: bool = False  # a resumed run re-runs the rollouts whose failure_kind is infra, replacing their rows
+    # Token-exact trajectories (uni_agent.llm.TOKEN_CAPTURE): auto = llama_server for llama_cpp, vllm for vllm, off for
+    # an external endpoint (name its protocol to capture there)
+    token_capture: Literal["auto", "off", "llama_server", "vllm"] = "auto"
 
     @classmethod
     def settings_customise_sources(
