@@ -1,4 +1,4 @@
-"""End to end with the real model: the llama.cpp server (a subprocess owned by a Dask actor) serving
+"""End to end with the real model: llama.cpp's llama-server (a subprocess owned by a Dask actor) serving
 SmolLM2-135M-Instruct, real sandboxes, real verification. The tiny model proves the path, not a score."""
 
 import json
@@ -9,12 +9,14 @@ import pytest
 
 from conftest import AGENT_CONFIG, _cmd
 from uni_agent import run
+from uni_agent.engines.llama_build import binary_path
 
 pytestmark = pytest.mark.llm
+SERVER = binary_path("cpu")
 
 
 def _llama_servers() -> list[str]:
-    return [c for p in Path("/proc").iterdir() if p.name.isdigit() and "llama_cpp.server" in (c := _cmd(p))]
+    return [c for p in Path("/proc").iterdir() if p.name.isdigit() and str(SERVER) in (c := _cmd(p))]
 
 
 def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
@@ -34,5 +36,6 @@ def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
         assert json.loads(row.verification)["status"] in ("resolved", "unresolved", "patch_failed")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_rollouts"] == 3 and summary["n"] == 1
-    assert "Uvicorn running" in (tmp_path / "logs" / "engine-0.log").read_text()
+    log = (tmp_path / "logs" / "engine-0.log").read_text()
+    assert "server is listening" in log and "n_slots = 8" in log, log[-2000:]
     assert not _llama_servers(), "the engine process outlived the run"

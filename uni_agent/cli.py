@@ -32,6 +32,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--max-tokens", {"type": int}),
     ("--context-length", {"type": int}),
     ("--engine-replicas", {"type": int}),
+    ("--engine-device", {"choices": ["auto", "cpu", "gpu"], "help": "llama_cpp: on GPU workers or on CPUs"}),
+    ("--engine-parallel", {"type": int, "help": "llama_cpp: request slots per replica"}),
     ("--nnodes", {"type": int}),
     ("--n-gpus-per-node", {"type": int}),
     ("--tp", {"type": int, "help": "tensor parallel size (vllm)"}),

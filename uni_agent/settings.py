@@ -52,6 +52,8 @@ class RunSettings(BaseSettings):
     api_key: SecretStr | None = None
     engine_replicas: int = 1
     engine_threads: int | None = None
+    engine_device: Literal["auto", "cpu", "gpu"] = "auto"
+    engine_parallel: int | None = Field(None, ge=1)
     engine_start_timeout: float = 300
     context_length: int = 8192
     temperature: float = 0.8

@@ -3,6 +3,8 @@ that publishes its URL. `start_engines` returns the URLs the agent workers shoul
 
 from __future__ import annotations
 
+import importlib
+
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,17 +35,18 @@ class Engines:
             raise errors[0]
 
 
+# The seam: engine name -> "module:function" with the signature (client, settings, log_dir) -> Engines. A new engine
+# (SGLang, say) is one module with one such function, one line here, and its name in RunSettings.engine.
+ENGINES = {
+    "external": "external:external_engines",
+    "llama_cpp": "llama_cpp:start_llama_cpp",
+    "vllm": "vllm:start_vllm",
+}
+
+
 async def start_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:
-    if settings.engine == "external":
-        from .external import external_engines
-
-        return await external_engines(settings)
-    if settings.engine == "llama_cpp":
-        from .llama_cpp import start_llama_cpp
-
-        return await start_llama_cpp(client, settings, log_dir)
-    if settings.engine == "vllm":
-        from .vllm import start_vllm
-
-        return await start_vllm(client, settings, log_dir)
-    raise ValueError(f"unknown engine {settings.engine!r}")
+    if settings.engine not in ENGINES:
+        raise ValueError(f"unknown engine {settings.engine!r}; known: {', '.join(sorted(ENGINES))}")
+    module, function = ENGINES[settings.engine].split(":")
+    start = getattr(importlib.import_module(f".{module}", __name__), function)  # imported only when chosen
+    return await start(client, settings, log_dir)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..llm import LLMError, check_endpoint
 from ..settings import RunSettings
 from . import Engines
 
 
-async def external_engines(settings: RunSettings) -> Engines:
+async def external_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:
     if not settings.base_url:
         raise LLMError("--engine external needs --base-url (e.g. http://localhost:8000/v1)")
     models = await check_endpoint(settings.base_url, settings.api_key_value())
