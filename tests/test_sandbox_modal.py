@@ -97,8 +97,8 @@ def _checked(real: Any, impl: Callable[..., Any], drop_self: bool = True) -> Cal
 
 
 class FakeReader:
-    def __init__(self, stream: asyncio.StreamReader, text: bool):
-        self._stream, self._text = stream, text
+    def __init__(self, stream: asyncio.StreamReader, text: bool, on_data: Callable[[], None] = lambda: None):
+        self._stream, self._text, self._on_data = stream, text, on_data
         self.read = Aio(RealReader.read, self._read_all)
 
     async def _read_all(self) -> Any:
@@ -107,6 +107,7 @@ class FakeReader:
 
     async def __aiter__(self):
         while chunk := await self._stream.read(65536):
+            self._on_data()  # a sandbox that sent output has answered (the supervisor's exec never ends)
             yield chunk.decode() if self._text else chunk
 
 
@@ -136,7 +137,7 @@ class FakeProcess:
     def __init__(self, sandbox: FakeSandbox, proc: asyncio.subprocess.Process, text: bool, timeout: int | None):
         self._sandbox, self._proc, self._timeout = sandbox, proc, timeout
         self._returncode: int | None = None
-        self.stdout = FakeReader(proc.stdout, text)  # type: ignore[arg-type]
+        self.stdout = FakeReader(proc.stdout, text, sandbox.answered)  # type: ignore[arg-type]
         self.stderr = FakeReader(proc.stderr, text)  # type: ignore[arg-type]
         self.stdin = FakeWriter(proc.stdin)
         self.wait = Aio(RealProcess.wait, self._wait)
@@ -618,6 +619,7 @@ def test_terminate_is_retried_and_a_dead_sandbox_is_an_infrastructure_error(clou
         box = make_sandbox(deployment(), {}, "term")
         await box.start()
         cloud.sandboxes[0].ended = True  # Modal ended it (its timeout); close() must still call terminate
+        cloud.sandboxes[0].kill_processes()
         with pytest.raises(SandboxError):
             await box.exec("true", 10)
         await box.close()

@@ -43,6 +43,7 @@ CREATED_LABEL = "uni-agent.created"
 OWNER_LABEL = "uni-agent.owner"  # <hostname>:<pid> of the process that started it
 CLI_TIMEOUT_S = 120.0  # one CLI call other than run/pull (inspect, rm, cp of a small repo)
 STDERR_TAIL_BYTES = 4000
+RUN_CLIENT_EXIT_S = 30.0  # how long close() lets the `run` client finish before removing the container anyway
 
 
 def owner_id() -> str:
@@ -163,18 +164,25 @@ class ContainerSandbox(SessionSandbox):
         return f"{status}; stderr: {tail}" if tail else status
 
     async def _teardown(self) -> None:
-        """Remove the container. Safe to call twice, after a failed or cancelled start, and while cancelled."""
+        """Remove the container. Safe to call twice, after a failed or cancelled start, and while cancelled.
+
+        The `run` client is let finish first (its stdin closed: the supervisor exits and `--rm` removes the
+        container): killed halfway through creating the container, it would leave one behind that `rm` ran too
+        early to see."""
         for proc in list(self._procs):
             if proc is not self._run_proc:
                 _kill_group(proc)
+        proc, self._run_proc = self._run_proc, None
+        if proc is not None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), RUN_CLIENT_EXIT_S)
         if self._created:
             self._created = False
             if not await remove_containers(self.cli, [self.name], self._global_args(), self._cli_env):
                 log.error("container_not_removed", name=self.name, hint=f"{self.cli} rm -f {self.name}")
-        proc, self._run_proc = self._run_proc, None
         if proc is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 10)
             _kill_group(proc)
             await proc.wait()
             self._procs.discard(proc)

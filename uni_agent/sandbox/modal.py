@@ -37,7 +37,7 @@ from .base import SandboxError, SandboxStartError
 from .container import LABEL, lifetime_s, sandbox_name
 from .limiter import start_limits
 from .repo import archive_tree, prepare_base_repo, resolve_repo
-from .session import reader_from_chunks, supervisor_shell_argv
+from .session import NO_PYTHON, reader_from_chunks, supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 
@@ -135,21 +135,25 @@ class ModalSandbox(SessionSandbox):
                     assert limits.rate is not None
                     await limits.rate.wait()
                     await self._create(modal, app)
-                    await super().start()
+                    await self._start_session()
             except TimeoutError:
                 raise SandboxStartError(f"Modal sandbox {self.name} did not start within "
                                         f"startup_timeout={config.startup_timeout:g}s") from None
             except modal.exception.Error as exc:
                 kind = SandboxStartError if is_transient(modal, exc) else SandboxError
                 raise kind(f"Modal sandbox {self.name} failed to start: {type(exc).__name__}: {exc}") from exc
-            except SandboxStartError:
-                raise
-            except SandboxError as exc:  # the stream to a fresh sandbox broke while setting up: start over
-                if "no python3" in str(exc):
-                    raise
-                raise SandboxStartError(str(exc)) from exc
         log.debug("modal_sandbox_started", name=self.name, sandbox_id=self.sandbox_id,
                   seconds=round(time.monotonic() - started, 3))
+
+    async def _start_session(self) -> None:
+        try:
+            await super().start()
+        except SandboxStartError:
+            raise
+        except SandboxError as exc:  # the stream to a fresh sandbox broke while setting up: start over
+            if NO_PYTHON in str(exc):
+                raise  # the image will not change
+            raise SandboxStartError(str(exc)) from exc
 
     async def _create(self, modal: Any, app: Any) -> None:
         config = self.config
