@@ -7,7 +7,10 @@ add-only test patch included) → apply the hidden test patch → run the tests 
 Graders (the row's `reward.name`):
 - `swe_local`: bundled and user tasks in SWE-bench form; pytest, our log parser (grading.py).
 - `swe_bench`: SWE-bench instances in the official images; the official eval script, log parsers and resolution
-  rule from the `swebench` package (uni_agent/swebench/, needs the `swebench` extra).
+  rule from the `swebench` package (uni_agent/swebench/, needs the `swebench` extra). SWE-Gym and SWE-rebench rows
+  too: they carry their own test spec (spec.row_spec).
+- `swe_smith`: SWE-smith instances (a bug injected into the source, per-repository images, no test patch): the
+  bug patch sets the task state, then SWE-smith's harness steps and grading rule (uni_agent/swebench/smith.py).
 - `terminal_bench`: Terminal-Bench 2 tasks; graded in the agent's own sandbox (its rows set in_agent_sandbox), or
   in a fresh sandbox of the task's image with the patch applied; the hidden tests run and write
   /logs/verifier/reward.txt|json (uni_agent/terminal_bench/verifier.py). The oracle runs solution/solve.sh first.
@@ -26,11 +29,13 @@ from .sandbox.start import start_sandbox
 from .config import AgentConfig, ConfigError
 from .grading import files_in_patch, grade, parse_pytest_log
 from .sandbox import Sandbox, write_file
+from .swebench.spec import test_list
 
 # Each grader and the reward.metadata keys it needs.
 GRADERS: dict[str, tuple[str, ...]] = {
     "swe_local": ("test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
     "swe_bench": ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
+    "swe_smith": ("instance_id", "repo", "patch", "FAIL_TO_PASS", "PASS_TO_PASS"),
     "terminal_bench": ("task_id", "workdir", "tests_archive"),
 }
 ReferenceKind = Literal["gold", "empty", "oracle"]
@@ -65,17 +70,27 @@ def check_reward_config(agent: AgentConfig, where: str) -> None:
     for key in GRADERS[reward.name]:
         if key not in reward.metadata:
             raise ConfigError(f"{where}: reward.metadata lacks {key!r}")
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):  # a list, or a JSON string of one (never its characters)
+        if key in GRADERS[reward.name]:
+            try:
+                test_list(reward.metadata[key], f"reward.metadata.{key}")
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     if reward.name == "swe_bench":
-        from .swebench.spec import repo_spec
+        from .swebench.spec import log_parser, repo_spec
 
         try:
-            repo_spec(reward.metadata)  # the swebench package is installed and knows this repo/version
+            repo_spec(reward.metadata)  # the swebench package is installed and knows this repo/version (or the row
+            log_parser(reward.metadata)  # carries its own spec), and the log parser exists
         except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            raise ConfigError(f"{where}: reward.metadata: {exc}") from None
+    if reward.name == "swe_smith":
+        from .swebench.smith import check_metadata
 
-
-def _test_list(value: Any) -> list[str]:
-    return json.loads(value) if isinstance(value, str) else list(value)
+        try:
+            check_metadata(reward.metadata)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: reward.metadata: {exc}") from None
 
 
 def verify_patch(agent: AgentConfig, patch: str, name: str = "verify") -> Verification:
@@ -149,6 +164,10 @@ async def _grade_in(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: V
         await grade_terminal_bench(sandbox, agent, patch, outcome, oracle)
     elif agent.reward.name == "swe_bench":
         await _grade_swe_bench(sandbox, agent, patch, outcome)
+    elif agent.reward.name == "swe_smith":
+        from .swebench.smith import grade_swe_smith
+
+        await grade_swe_smith(sandbox, agent, patch, outcome)
     else:
         await _grade_swe_local(sandbox, agent, patch, outcome)
 
@@ -179,19 +198,26 @@ async def _grade_swe_local(sandbox: Sandbox, agent: AgentConfig, patch: str, out
             outcome.status, outcome.log_tail = "patch_failed", applied.output[-LOG_TAIL_CHARS:]
             return
     outcome.patch_applied = True
-    test_files = files_in_patch(test_patch)
-    # The agent may have edited or created the test files; reset them so only the hidden tests count.
+    f2p = test_list(meta["FAIL_TO_PASS"], "FAIL_TO_PASS")
+    p2p = test_list(meta["PASS_TO_PASS"], "PASS_TO_PASS")
+    test_id_files = list(dict.fromkeys(t.split("::")[0] for t in f2p + p2p))
+    # An empty test_patch means no test changes: the tests are already in the repository (SWE-smith's tasks).
+    has_test_patch = bool(test_patch.strip())
+    # The agent may have edited or created the test files; reset them so only the reference tests count: those the
+    # test patch touches, or (no test patch) the files of the FAIL_TO_PASS / PASS_TO_PASS tests, as SWE-smith's
+    # harness reverts changes to them.
+    test_files = files_in_patch(test_patch) if has_test_patch else test_id_files
     resets = " ; ".join(
         f"(git checkout HEAD -- {shlex.quote(f)} 2>/dev/null || rm -f -- {shlex.quote(f)})" for f in test_files
     )
-    await write_file(sandbox, "/tmp/test.patch", test_patch.encode())
-    prepared = await sandbox.exec(
-        f"cd {workdir} && {{ {resets or 'true'} ; }} && git apply --whitespace=nowarn /tmp/test.patch", timeout
-    )
+    apply_tests = "true"
+    if has_test_patch:
+        await write_file(sandbox, "/tmp/test.patch", test_patch.encode())
+        apply_tests = "git apply --whitespace=nowarn /tmp/test.patch"
+    prepared = await sandbox.exec(f"cd {workdir} && {{ {resets or 'true'} ; }} && {apply_tests}", timeout)
     if prepared.exit_code != 0:
         raise RuntimeError(f"the test patch did not apply: {prepared.output[-2000:]}")
-    f2p, p2p = _test_list(meta["FAIL_TO_PASS"]), _test_list(meta["PASS_TO_PASS"])
-    targets = list(dict.fromkeys(test_files + [t.split("::")[0] for t in f2p + p2p]))
+    targets = list(dict.fromkeys(test_files + test_id_files))
     test_cmd = meta.get("test_cmd", DEFAULT_TEST_CMD)
     run = await sandbox.exec(f"cd {workdir} && {test_cmd} {' '.join(map(shlex.quote, targets))}", timeout)
     log = run.output

@@ -1,4 +1,5 @@
-"""Grading a SWE-bench eval log with the official pieces: the repo's log parser (`MAP_REPO_TO_PARSER`), the
+"""Grading a SWE-bench eval log with the official pieces: the repo's log parser (`MAP_REPO_TO_PARSER`, or the one a
+SWE-rebench / SWE-Gym row's spec names), the
 report (`get_eval_tests_report`) and the resolution rule (`get_resolution_status`: FULL when every FAIL_TO_PASS test
 passes and every PASS_TO_PASS test still passes; only FULL counts as resolved).
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .spec import official_test_spec
+from .spec import log_parser, official_test_spec
 
 MISSING = "MISSING"  # our label for a test the log does not mention (the official rule counts it as failed)
 
@@ -40,17 +41,17 @@ class SweGrade:
         return {self.instance_id: entry}
 
 
-def status_map_from_log(test_spec: Any, log: str) -> tuple[dict[str, str], bool]:
-    """(test → status, whether test results were found), following 4.1.0's get_logs_eval."""
+def status_map_from_log(test_spec: Any, log: str, parser: Any) -> tuple[dict[str, str], bool]:
+    """(test → status, whether test results were found), following 4.1.0's get_logs_eval; `parser` is the row's
+    official log parser (spec.log_parser: the repository's, or the one its own spec names, as SWE-rebench's
+    harness fork picks it)."""
     from swebench.harness.constants import (
         APPLY_PATCH_FAIL, END_TEST_OUTPUT, RESET_FAILED, START_TEST_OUTPUT, TESTS_ERROR, TESTS_TIMEOUT)
-    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
 
     if any(marker in log for marker in (APPLY_PATCH_FAIL, RESET_FAILED, TESTS_ERROR, TESTS_TIMEOUT)):
         return {}, False
     if START_TEST_OUTPUT not in log or END_TEST_OUTPUT not in log:
         return {}, False
-    parser = MAP_REPO_TO_PARSER[test_spec.repo]
     between = log.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0]
     return parser(between, test_spec) or parser(log, test_spec), True
 
@@ -62,7 +63,7 @@ def grade_log(instance: Mapping[str, Any], log: str) -> SweGrade:
     from swebench.harness.grading import get_eval_tests_report, get_resolution_status
 
     test_spec = official_test_spec(instance)
-    status_map, found = status_map_from_log(test_spec, log)
+    status_map, found = status_map_from_log(test_spec, log, log_parser(instance))
     grade = SweGrade(
         instance_id=test_spec.instance_id, tests_found=found, status_map=status_map,
         fail_to_pass={t: status_map.get(t, MISSING) for t in test_spec.FAIL_TO_PASS},

@@ -1,6 +1,17 @@
-"""SWE-bench Verified → dataset rows in the seed schema, one Parquet file per deployment.
+"""SWE-bench Verified, SWE-Gym, SWE-rebench and SWE-smith → dataset rows in the seed schema, one Parquet file per
+source and deployment (`--source`).
 
     python examples/data_preprocess/swe_bench_verified.py --local-save-dir data/ --input swe_bench_verified.parquet
+    python examples/data_preprocess/swe_gym.py --input swe_gym.parquet --specs swe_gym_specs.json --deployment podman
+    python examples/data_preprocess/swe_rebench.py --input swe_rebench.parquet --deployment modal
+    python examples/data_preprocess/swe_smith.py --input swe_smith.parquet --deployment docker
+
+Sources: `swe_bench_verified` (the default), `swe_gym` (the SWE-bench schema on other repositories, images
+`xingyaoww/sweb.eval.x86_64.<id with __ as _s_>`; their test specs are not in swebench 4.1.0's table, so a spec
+file (`--specs`) gives them, and each row carries its own), `swe_rebench` (per-instance `install_config` with the
+test command and log parser, and `docker_image`), `swe_smith` (see smith.py: graded by `swe_smith`). Every row
+names its source in `data_source`, and its grader and spec travel in the row, so rows of several sources mix in
+one run.
 
 The input is the official dataset: by its hub name (needs the network and the `datasets` package, which the
 `swebench` extra installs) or a local Parquet / JSONL / JSON file with the official fields. Each row becomes:
@@ -28,15 +39,27 @@ from typing import Any, Iterable
 
 from ..config import ConfigError
 from ..dataset import seed_row
-from .spec import DEPLOYMENTS, REQUIRED_FIELDS, WORKDIR, image_name, repo_spec, test_files, test_list
+from .spec import (DEPLOYMENTS, REQUIRED_FIELDS, WORKDIR, image_name, log_parser, repo_spec, row_spec, test_files,
+                   test_list)
 
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
 DATA_SOURCE = "swe_bench_verified"
+# source → (hub name, split): where the rows come from when --input is not given.
+SOURCES = {
+    "swe_bench_verified": (HUB_NAME, "test"),
+    "swe_gym": ("SWE-Gym/SWE-Gym", "train"),
+    "swe_rebench": ("nebius/SWE-rebench", "test"),
+    "swe_smith": ("SWE-bench/SWE-smith", "train"),
+}
+SWE_GYM_IMAGE_NAMESPACE = "xingyaoww"  # SWE-Gym's published instance images
+SWE_REBENCH_IMAGE_NAMESPACE = "swerebench"  # SWE-rebench's, when a row has no docker_image
 # The official fields kept in reward.metadata, all as strings (FAIL_TO_PASS / PASS_TO_PASS as JSON strings, as
 # in the official dataset), so every row has the same Parquet type. Optional ones default to "".
 INPUT_FIELDS = REQUIRED_FIELDS + ("patch", "problem_statement")  # the prompt and gold verification need these too
 OPTIONAL_FIELDS = ("hints_text", "created_at", "environment_setup_commit", "difficulty")
-METADATA_FIELDS = INPUT_FIELDS + OPTIONAL_FIELDS
+# A row's own test spec (SWE-Gym: from --specs; SWE-rebench: install_config) and image, as JSON / strings.
+SPEC_FIELDS = ("spec", "install_config", "docker_image")
+METADATA_FIELDS = INPUT_FIELDS + OPTIONAL_FIELDS + SPEC_FIELDS
 
 SYSTEM_PROMPT = (
     "You are an expert software engineer. You work in a Linux sandbox through the tools you are given, "
@@ -119,7 +142,7 @@ def _from_hub(hub_name: str, split: str) -> list[Any]:
                           "(e.g. its Parquet file) and pass --input FILE (.parquet, .jsonl or .json)") from None
 
 
-def normalize_instance(raw: Any) -> dict[str, str]:
+def normalize_instance(raw: Any, source: str = DATA_SOURCE, specs: dict[str, Any] | None = None) -> dict[str, str]:
     """The official fields of one input row, checked and as strings; ConfigError says what is wrong."""
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping of fields, got {type(raw).__name__}")
@@ -147,16 +170,89 @@ def normalize_instance(raw: Any) -> dict[str, str]:
             raise ConfigError(f"{name} must be a string, got {type(value).__name__}")
         out[name] = value or ""
     image_name(out["instance_id"], "docker")  # <org>__<repo>-<n>
-    repo_spec(out)  # the swebench package knows this repo and version
+    for name in SPEC_FIELDS:
+        out[name] = ""
+    if source == "swe_rebench":
+        if raw.get("install_config") in (None, ""):
+            raise ConfigError("missing field install_config (SWE-rebench's per-instance test command and parser)")
+        config = raw["install_config"]
+        out["install_config"] = config if isinstance(config, str) else json.dumps(config)
+        if raw.get("docker_image") is not None and not isinstance(raw["docker_image"], str):
+            raise ConfigError("docker_image must be a string")
+        out["docker_image"] = raw.get("docker_image") or ""
+    elif source == "swe_gym":
+        out["spec"] = _gym_spec(out, specs)
+    row_spec(out)  # a row's own spec is well-formed (install_config.test_cmd, ...)
+    repo_spec(out)  # the swebench package knows this repo and version, or the row carries its spec
+    log_parser(out)  # and the log parser exists
     files = test_files(out["test_patch"])
     if not files.modified and not files.added:
         raise ConfigError("test_patch is not a unified diff touching any file")
     return out
 
 
+def _gym_spec(instance: dict[str, str], specs: dict[str, Any] | None) -> str:
+    """A SWE-Gym row's test spec as JSON: from the spec file (repo → version or "*" → spec); "" when swebench's
+    own table has the repo/version."""
+    from . import require_swebench
+
+    require_swebench()
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+
+    repo, version = instance["repo"], instance["version"]
+    by_version = (specs or {}).get(repo)
+    if isinstance(by_version, dict) and (version in by_version or "*" in by_version):
+        return json.dumps(by_version.get(version, by_version.get("*")))
+    if version in MAP_REPO_VERSION_TO_SPECS.get(repo, {}):
+        return ""
+    raise ConfigError(f"repo/version {repo} {version}: no test spec (swebench 4.1.0's table does not have SWE-Gym's "
+                      "repositories); give one in --specs FILE: {\"<repo>\": {\"<version>\" or \"*\": "
+                      "{\"test_cmd\": ..., \"log_parser\": \"parse_log_pytest\", \"install\": ..., "
+                      "\"eval_commands\": [...]}}}")
+
+
+def load_specs(path: str | Path | None) -> dict[str, Any] | None:
+    """A SWE-Gym spec file: JSON, repo → version (or "*") → spec."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    try:
+        specs = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: spec file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(specs, dict) or not all(isinstance(v, dict) for v in specs.values()):
+        raise ConfigError(f"{path}: expected {{repo: {{version or \"*\": spec}}}}")
+    return specs
+
+
+def source_image(instance: dict[str, str], source: str, deployment: str, registry: str | None = None) -> str | None:
+    """The instance image of a row of `source` for `deployment` (None for local); ConfigError when the source
+    publishes no image that the deployment can use (vefaas mirrors SWE-bench Verified only)."""
+    if source == DATA_SOURCE:
+        return image_name(instance["instance_id"], deployment, registry)
+    if deployment not in DEPLOYMENTS:
+        raise ConfigError(f"unknown deployment {deployment!r}; choose one of {', '.join(DEPLOYMENTS)}")
+    if deployment == "local":
+        return None
+    key = instance["instance_id"].lower()
+    if source == "swe_gym":
+        name, field = f"{SWE_GYM_IMAGE_NAMESPACE}/sweb.eval.x86_64.{key.replace('__', '_s_')}", "instance_id"
+    else:
+        name = instance.get("docker_image") or \
+            f"{SWE_REBENCH_IMAGE_NAMESPACE}/sweb.eval.x86_64.{key.replace('__', '_1776_')}"
+        field = "docker_image" if instance.get("docker_image") else "instance_id"
+    if deployment == "vefaas":
+        raise ConfigError(f"{field}: the image {name!r} cannot be used for deployment vefaas: there is no known "
+                          f"vefaas mirror of {source}'s images (use modal, docker or podman)")
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
 def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str = "swe_agent",
-                    local_repos: str | Path | None = None, image_registry: str | None = None) -> dict[str, Any]:
-    image = image_name(instance["instance_id"], deployment, image_registry)
+                    local_repos: str | Path | None = None, image_registry: str | None = None,
+                    source: str = DATA_SOURCE) -> dict[str, Any]:
+    image = source_image(instance, source, deployment, image_registry)
     target: dict[str, Any] = {"type": deployment}
     if image is not None:
         target["image"] = image
@@ -167,7 +263,7 @@ def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str =
     user = USER_PROMPT.format(repo=instance["repo"], workdir=WORKDIR,
                               problem_statement=instance["problem_statement"].strip())
     return seed_row(
-        instance["instance_id"], DATA_SOURCE, agent_name, SYSTEM_PROMPT, user,
+        instance["instance_id"], source, agent_name, SYSTEM_PROMPT, user,
         env={"deployment": target, "post_setup_cmd": ""},
         reward={"name": "swe_bench", "metadata": {k: instance[k] for k in METADATA_FIELDS}},
     )
@@ -175,10 +271,13 @@ def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str =
 
 def build_rows(raw_rows: Iterable[Any], deployment: str, max_instances: int | None = None,
                agent_name: str = "swe_agent", local_repos: str | Path | None = None,
-               image_registry: str | None = None) -> tuple[list[dict[str, Any]], list[RowProblem]]:
+               image_registry: str | None = None, source: str = DATA_SOURCE,
+               specs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[RowProblem]]:
     """Rows for the valid instances (at most `max_instances`), and the problems of the invalid ones."""
     if deployment not in DEPLOYMENTS:
         raise ConfigError(f"unknown deployment {deployment!r}; choose one of {', '.join(DEPLOYMENTS)}")
+    if source not in SOURCES:
+        raise ConfigError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     rows: list[dict[str, Any]] = []
     problems: list[RowProblem] = []
     seen: set[str] = set()
@@ -187,26 +286,40 @@ def build_rows(raw_rows: Iterable[Any], deployment: str, max_instances: int | No
             break
         instance_id = str(raw.get("instance_id")) if isinstance(raw, dict) else "?"
         try:
-            instance = normalize_instance(raw)
+            if source == "swe_smith":
+                from . import smith
+
+                instance = smith.normalize_instance(raw)
+            else:
+                instance = normalize_instance(raw, source, specs)
             if instance["instance_id"] in seen:
                 raise ConfigError("duplicate instance_id")
-        except ConfigError as exc:
+            if source == "swe_smith":
+                row = smith.instance_to_row(instance, deployment, agent_name, local_repos, image_registry)
+            else:
+                row = instance_to_row(instance, deployment, agent_name, local_repos, image_registry, source)
+        except ConfigError as exc:  # this row is left out, with why; the others go on
             problems.append(RowProblem(index, instance_id, str(exc)))
             continue
         seen.add(instance["instance_id"])
-        rows.append(instance_to_row(instance, deployment, agent_name, local_repos, image_registry))
+        rows.append(row)
     return rows, problems
 
 
-def output_path(save_dir: str | Path, deployment: str) -> Path:
-    return Path(save_dir).expanduser() / f"swe_bench_verified_{deployment}.parquet"
+def output_path(save_dir: str | Path, deployment: str, source: str = DATA_SOURCE) -> Path:
+    return Path(save_dir).expanduser() / f"{source}_{deployment}.parquet"
 
 
 def preprocess(save_dir: str | Path, input_path: str | Path | None = None, deployment: str | None = None,
-               max_instances: int | None = None, hub_name: str = HUB_NAME, split: str = "test",
+               max_instances: int | None = None, hub_name: str | None = None, split: str | None = None,
                agent_name: str = "swe_agent", local_repos: str | Path | None = None,
-               image_registry: str | None = None) -> tuple[Path, int, list[RowProblem]]:
-    """Write DIR/swe_bench_verified_<deployment>.parquet; returns (path, rows written, problems)."""
+               image_registry: str | None = None, source: str = DATA_SOURCE,
+               specs_path: str | Path | None = None) -> tuple[Path, int, list[RowProblem]]:
+    """Write DIR/<source>_<deployment>.parquet; returns (path, rows written, problems)."""
+    if source not in SOURCES:
+        raise ConfigError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    hub_name, split = hub_name or SOURCES[source][0], split or SOURCES[source][1]
+    specs = load_specs(specs_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -216,11 +329,11 @@ def preprocess(save_dir: str | Path, input_path: str | Path | None = None, deplo
     if max_instances is not None and max_instances < 0:
         max_instances = None  # -1: all
     rows, problems = build_rows(read_instances(input_path, hub_name, split), deployment, max_instances, agent_name,
-                                local_repos, image_registry)
+                                local_repos, image_registry, source, specs)
     if not rows:
         raise ConfigError(f"no valid instances in {input_path or hub_name}: "
                           + ("; ".join(map(str, problems[:5])) or "the input is empty"))
-    path = output_path(save_dir, deployment)
+    path = output_path(save_dir, deployment, source)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(pa.Table.from_pylist(rows), tmp)
@@ -238,17 +351,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser: Any) -> None:
+    parser.add_argument("--source", choices=tuple(SOURCES), default=DATA_SOURCE,
+                        help="the dataset the rows come from (default: swe_bench_verified)")
     parser.add_argument("--local-save-dir", default="~/data/swe_agent",
-                        help="where swe_bench_verified_<deployment>.parquet is written (default: ~/data/swe_agent)")
-    parser.add_argument("--input", help="a local .parquet/.jsonl/.json file with the official fields "
-                                        f"(default: {HUB_NAME} from the Hugging Face hub)")
+                        help="where <source>_<deployment>.parquet is written (default: ~/data/swe_agent)")
+    parser.add_argument("--input", help="a local .parquet/.jsonl/.json file with the dataset's published fields "
+                                        "(default: the source's hub dataset, e.g. " + HUB_NAME + ")")
+    parser.add_argument("--specs", help="swe_gym: a JSON spec file, repo → version (or \"*\") → {test_cmd, log_parser, "
+                                        "install, eval_commands}, for repositories swebench's table lacks")
     parser.add_argument("--deployment", choices=DEPLOYMENTS,
                         help="image naming: modal, docker, podman, vefaas or local (default: $DEPLOYMENT, else modal)")
     parser.add_argument("--max-instances", type=int, help="write at most K instances (the first K valid ones)")
-    parser.add_argument("--dataset-name", default=HUB_NAME, help="the hub name used when --input is not given")
-    parser.add_argument("--split", default="test")
+    parser.add_argument("--dataset-name", help="the hub name used when --input is not given (default: the source's)")
+    parser.add_argument("--split", help="the hub split (default: the source's: test, or train for SWE-Gym/SWE-smith)")
     parser.add_argument("--agent-name", default="swe_agent", help="agent_name of every row")
-    parser.add_argument("--local-repos", help="deployment local: DIR/<instance_id> holds each repository")
+    parser.add_argument("--local-repos", help="deployment local: DIR/<instance_id> holds each repository "
+                                              "(swe_smith: DIR/<owner>__<repo>.<commit8>, the clean repository)")
     parser.add_argument("--image-registry", help="put a registry in front of the image name (modal/docker/podman), "
                                                  "e.g. docker.io for podman without unqualified-search registries")
 
@@ -257,7 +375,8 @@ def run_cli(args: Any) -> int:
     try:
         path, count, problems = preprocess(
             args.local_save_dir, args.input, args.deployment, args.max_instances, args.dataset_name, args.split,
-            args.agent_name, args.local_repos, args.image_registry)
+            args.agent_name, args.local_repos, args.image_registry, getattr(args, "source", DATA_SOURCE),
+            getattr(args, "specs", None))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

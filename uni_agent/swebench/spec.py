@@ -38,16 +38,21 @@ REQUIRED_FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch"
 
 
 def test_list(value: Any, field: str = "tests") -> list[str]:
-    """FAIL_TO_PASS / PASS_TO_PASS: a JSON string (as in the official dataset) or a list of test ids."""
+    """FAIL_TO_PASS / PASS_TO_PASS: a list of test ids, or a JSON string holding one (as the official SWE-bench
+    dataset stores them). Every reader of rows and instances goes through here, so a string is never taken for a
+    list of its characters; anything else is a ConfigError naming `field` (callers prefix the file or row)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{field} is not a JSON list: {exc}") from None
+            raise ConfigError(f"{field} is not a JSON list of test ids (a string that does not parse): {exc}") \
+                from None
     if hasattr(value, "tolist"):  # a numpy array from a Parquet list column
         value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
-        raise ConfigError(f"{field} must be a list of test ids (or a JSON string of one)")
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{field} must be a list of test ids or a JSON string of one, got {type(value).__name__}")
+    if not all(isinstance(t, str) for t in value):
+        raise ConfigError(f"{field} must hold test ids as strings, got {[type(t).__name__ for t in value][:5]}")
     return list(value)
 
 
@@ -89,18 +94,102 @@ def test_files(test_patch: str) -> TestFiles:
     return TestFiles(modified=modified, added=[f for f in added if f not in modified])
 
 
+# Row-carried test specs (SWE-rebench's `install_config`, a SWE-Gym spec file): the keys the eval script uses.
+SPEC_KEYS = ("test_cmd", "install", "eval_commands", "log_parser", "pre_install")
+# SWE-rebench's harness prefixes its install and test commands with this locale (its load_swebench_dataset does).
+REBENCH_LOCALE = "LANG=C.UTF-8 LC_ALL=C.UTF-8 "
+
+
+def row_spec(instance: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The test spec a row carries itself, or None (the package's table applies).
+
+    - `spec`: a JSON object (test_cmd, log_parser, optional install / eval_commands), from a spec file given at
+      preprocessing (SWE-Gym's repos are not in swebench 4.1.0's table);
+    - `install_config`: SWE-rebench's per-instance config (a JSON object or its string), cleaned as SWE-rebench's
+      harness fork cleans it: None values dropped, the C.UTF-8 locale put in front of `install` and `test_cmd`.
+    """
+    for field in ("spec", "install_config"):
+        raw = instance.get(field)
+        if raw in (None, ""):
+            continue
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{field} is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{field} must be a JSON object, got {type(raw).__name__}")
+        spec = {k: v for k, v in raw.items() if v is not None}
+        if not isinstance(spec.get("test_cmd"), str) or not spec["test_cmd"].strip():
+            raise ConfigError(f"{field}.test_cmd must be a non-empty string (the test command), got "
+                              f"{type(spec.get('test_cmd')).__name__}")
+        if not isinstance(spec.get("log_parser"), str):
+            raise ConfigError(f"{field}.log_parser must name a swebench log parser (e.g. parse_log_pytest)")
+        if "install" in spec and not isinstance(spec["install"], str):
+            raise ConfigError(f"{field}.install must be a string")
+        if not isinstance(spec.get("eval_commands", []), list):
+            raise ConfigError(f"{field}.eval_commands must be a list of commands")
+        if field == "install_config":
+            spec["test_cmd"] = REBENCH_LOCALE + spec["test_cmd"]
+            if "install" in spec:
+                spec["install"] = REBENCH_LOCALE + spec["install"]
+        return spec
+    return None
+
+
 def repo_spec(instance: Mapping[str, Any]) -> dict[str, Any]:
-    """The official per-repo/version spec (test_cmd, install, eval_commands, ...); an unknown pair is an error."""
+    """The test spec: the row's own (row_spec), else the official per-repo/version one (test_cmd, install,
+    eval_commands, ...); an unknown repo/version is an error."""
+    own = row_spec(instance)
+    if own is not None:
+        return own
     require_swebench()
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
 
     repo, version = instance["repo"], instance["version"]
     if repo not in MAP_REPO_VERSION_TO_SPECS:
-        raise ConfigError(f"repo {repo!r} is not in swebench's spec table (MAP_REPO_VERSION_TO_SPECS)")
+        raise ConfigError(f"repo {repo!r} is not in swebench's spec table (MAP_REPO_VERSION_TO_SPECS); "
+                          "a row of another dataset must carry its own spec (spec / install_config)")
     versions = MAP_REPO_VERSION_TO_SPECS[repo]
     if not isinstance(version, str) or version not in versions:
         raise ConfigError(f"version {version!r} is not a known version of {repo} (known: {', '.join(versions)})")
     return versions[version]
+
+
+def log_parser(instance: Mapping[str, Any]):
+    """The official log parser for a row: named by its own spec (`log_parser`: a parser function of
+    swebench.harness.log_parsers, e.g. parse_log_pytest, or a repository key of MAP_REPO_TO_PARSER), else the
+    repository's entry in MAP_REPO_TO_PARSER. Unknown: a ConfigError naming the field."""
+    require_swebench()
+    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+
+    own = row_spec(instance)
+    if own is None:
+        if instance["repo"] not in MAP_REPO_TO_PARSER:
+            raise ConfigError(f"repo {instance['repo']!r} has no log parser in swebench (MAP_REPO_TO_PARSER)")
+        return MAP_REPO_TO_PARSER[instance["repo"]]
+    name = own["log_parser"]
+    parsers = _named_parsers()
+    if name in MAP_REPO_TO_PARSER:
+        return MAP_REPO_TO_PARSER[name]
+    if name not in parsers:
+        raise ConfigError(f"log_parser {name!r} is not a swebench log parser (known: {', '.join(sorted(parsers))}, "
+                          "or a repository key of MAP_REPO_TO_PARSER)")
+    return parsers[name]
+
+
+def _named_parsers() -> dict[str, Any]:
+    """Every `parse_log_*` function of swebench's log parser modules, by name (SWE-rebench names them so)."""
+    import importlib
+    import pkgutil
+
+    import swebench.harness.log_parsers as package
+
+    found: dict[str, Any] = {}
+    for module_info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        found.update({n: f for n, f in vars(module).items() if n.startswith("parse_log_") and callable(f)})
+    return found
 
 
 def _reset_lines(official_line: str, files: TestFiles) -> list[str]:
@@ -118,10 +207,13 @@ def eval_script(instance: Mapping[str, Any]) -> str:
 def eval_script_list(instance: Mapping[str, Any]) -> list[str]:
     """The eval script's commands, one per entry (an entry may span lines: the test patch's heredoc)."""
     spec = repo_spec(instance)
-    from swebench.harness.test_spec.create_scripts import make_eval_script_list
-
     base_commit, test_patch = instance["base_commit"], instance["test_patch"]
-    official = make_eval_script_list(dict(instance), spec, ENV_NAME, WORKDIR, base_commit, test_patch)
+    if row_spec(instance) is not None:
+        official = python_eval_script_list(instance, spec)
+    else:
+        from swebench.harness.test_spec.create_scripts import make_eval_script_list
+
+        official = make_eval_script_list(dict(instance), spec, ENV_NAME, WORKDIR, base_commit, test_patch)
     files = test_files(test_patch)
     official_reset = f"git checkout {base_commit} {' '.join(files.modified)}"
     resets = [i for i, line in enumerate(official) if line == official_reset]
@@ -132,6 +224,30 @@ def eval_script_list(instance: Mapping[str, Any]) -> list[str]:
     for i, line in enumerate(official):
         lines.extend(_reset_lines(line, files) if i in resets else [line])
     return lines
+
+
+def python_eval_script_list(instance: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    """swebench's Python eval script for a spec the package's table does not hold (SWE-rebench, SWE-Gym): the
+    same commands in the same order as 4.1.0's make_eval_script_list_py, with the spec's own test_cmd, which is
+    what SWE-rebench's and SWE-Gym's harness forks run. tests/test_task_sources.py checks that this equals the
+    package's script for Verified rows given their table spec."""
+    require_swebench()
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+    from swebench.harness.test_spec.python import get_test_directives
+    from swebench.harness.utils import get_modified_files
+
+    base_commit, test_patch = instance["base_commit"], instance["test_patch"]
+    delimiter = "EOF_114329324912"  # the package's heredoc delimiter for the test patch
+    reset = f"git checkout {base_commit} {' '.join(get_modified_files(test_patch))}"
+    activate = ["source /opt/miniconda3/bin/activate", f"conda activate {ENV_NAME}"]
+    commands = [*activate, f"cd {WORKDIR}", *spec.get("eval_commands", []),
+                f"git config --global --add safe.directory {WORKDIR}", f"cd {WORKDIR}",
+                "git status", "git show", f"git -c core.fileMode=false diff {base_commit}", *activate]
+    if "install" in spec:
+        commands.append(spec["install"])
+    test_command = " ".join([spec["test_cmd"], *get_test_directives(dict(instance))])
+    return commands + [reset, f"git apply -v - <<'{delimiter}'\n{test_patch}\n{delimiter}",
+                       f": '{START_TEST_OUTPUT}'", test_command, f": '{END_TEST_OUTPUT}'", reset]
 
 
 def official_test_spec(instance: Mapping[str, Any]):
@@ -149,6 +265,6 @@ def official_test_spec(instance: Mapping[str, Any]):
         repo_script_list=[], env_script_list=[], eval_script_list=eval_script_list(instance),
         arch="x86_64", FAIL_TO_PASS=test_list(instance["FAIL_TO_PASS"], "FAIL_TO_PASS"),
         PASS_TO_PASS=test_list(instance["PASS_TO_PASS"], "PASS_TO_PASS"),
-        language=MAP_REPO_TO_EXT[instance["repo"]], docker_specs=spec.get("docker_specs", {}),
+        language=MAP_REPO_TO_EXT.get(instance["repo"], "py"), docker_specs=spec.get("docker_specs", {}),
         namespace=INSTANCE_IMAGE_NAMESPACE,
     )

@@ -1,6 +1,10 @@
 """Tasks in SWE-bench instance form (an `instance.json` plus a `repo/` snapshot at the base state) → dataset rows.
 
 The bundled tasks live in `uni_agent/tasks/bundled/`; a user's own tasks use the same layout in any directory.
+
+Two shapes of task are accepted: SWE-bench's (the hidden tests come in `test_patch`) and SWE-smith's (the bug was
+injected into the source, FAIL_TO_PASS are tests already in `repo/`, `test_patch` is empty or absent: no test
+changes). FAIL_TO_PASS / PASS_TO_PASS may be lists or JSON-encoded strings, as the official datasets store them.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import pyarrow.parquet as pq
 
 from ..config import ConfigError
 from ..dataset import seed_row
+from ..swebench.spec import test_list
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
-REQUIRED_FIELDS = ("instance_id", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+REQUIRED_FIELDS = ("instance_id", "problem_statement", "patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+# `test_patch` is optional: empty or absent means "no test changes" (the tests are already in repo/).
 
 SYSTEM_PROMPT = (
     "You are a careful software engineer working in a sandboxed Linux machine through tools. "
@@ -46,9 +52,25 @@ def load_instance(task_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{task_dir}: no instance.json") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(instance, dict):
+        raise ConfigError(f"{path}: expected a JSON object of fields, got {type(instance).__name__}")
     missing = [f for f in REQUIRED_FIELDS if f not in instance]
     if missing:
         raise ConfigError(f"{path}: missing fields {missing}")
+    for name in ("instance_id", "problem_statement", "patch"):
+        if not isinstance(instance[name], str) or not instance[name].strip():
+            raise ConfigError(f"{path}: {name} must be a non-empty string")
+    if instance.get("test_patch") is None:
+        instance["test_patch"] = ""
+    elif not isinstance(instance["test_patch"], str):
+        raise ConfigError(f"{path}: test_patch must be a string (a unified diff, or empty for no test changes)")
+    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        try:
+            instance[name] = test_list(instance[name], name)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    if not instance["FAIL_TO_PASS"]:
+        raise ConfigError(f"{path}: FAIL_TO_PASS is empty: there is nothing to grade")
     if not (task_dir / "repo").is_dir():
         raise ConfigError(f"{task_dir}: no repo/ directory (the repository at its base state)")
     return instance
@@ -68,10 +90,10 @@ def instance_to_row(instance: dict[str, Any], repo_ref: str, agent_name: str, wo
         "version": str(instance.get("version", "")),
         "base_commit": instance.get("base_commit", ""),
         "patch": instance["patch"],
-        "test_patch": instance["test_patch"],
+        "test_patch": instance.get("test_patch") or "",
         # JSON strings, as in the official dataset, so every row has the same Parquet type.
-        "FAIL_TO_PASS": json.dumps(list(instance["FAIL_TO_PASS"])),
-        "PASS_TO_PASS": json.dumps(list(instance["PASS_TO_PASS"])),
+        "FAIL_TO_PASS": json.dumps(test_list(instance["FAIL_TO_PASS"], "FAIL_TO_PASS")),
+        "PASS_TO_PASS": json.dumps(test_list(instance["PASS_TO_PASS"], "PASS_TO_PASS")),
     }
     user = USER_PROMPT.format(workdir=workdir, problem_statement=instance["problem_statement"].strip())
     return seed_row(

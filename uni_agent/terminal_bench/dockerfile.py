@@ -5,6 +5,13 @@ The host can stand in when the Dockerfile only sets metadata (FROM, ARG, ENV, WO
 from the build context into the workdir: the local sandbox then starts from those files at the workdir, with the
 host's own tools (bash, coreutils, python3) in place of the base image's. A RUN, an ADD, a multi-stage build or a COPY
 outside the workdir needs the real image: such a task runs on the container backend only.
+
+Here-documents are read as BuildKit's Dockerfile frontend reads them (dockerfile:1.4+, buildah 1.33+): on a RUN,
+COPY or ADD line (not the JSON form), each word `<<NAME`, `<<-NAME`, `<<'NAME'`, `<<"NAME"` (an optional fd number
+in front) opens a heredoc whose body is the raw lines that follow, up to a line that is exactly NAME (`<<-`: leading
+tabs stripped, from the terminator and the body). The body lines are not instructions, comments or continuations.
+`COPY <<EOF /path` makes a file from the body (variables expanded unless the name was quoted); a RUN heredoc is a
+script for the shell, so such a task needs the real image like any RUN.
 """
 
 from __future__ import annotations
@@ -24,6 +31,16 @@ from ..config import ConfigError
 METADATA_ONLY = {"FROM", "ARG", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "SHELL", "STOPSIGNAL", "HEALTHCHECK",
                  "VOLUME", "MAINTAINER", "USER", "ONBUILD"}
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+# BuildKit's heredoc word: optional fd, `<<`, optional `-` (strip tabs), the (possibly quoted) terminator.
+_HEREDOC_WORD = re.compile(r"^(\d*)<<(-?)\s*([^<]*)$")
+HEREDOC_INSTRUCTIONS = {"RUN", "COPY", "ADD"}
+
+
+@dataclass(frozen=True)
+class Heredoc:
+    name: str  # the terminator, unquoted; also the file name of a COPY heredoc
+    content: str  # the body, each line with its newline; tabs stripped for `<<-`
+    expand: bool  # unquoted terminator: ARG/ENV references in a COPY body are expanded
 
 
 @dataclass(frozen=True)
@@ -31,6 +48,7 @@ class Copy:
     sources: tuple[str, ...]  # relative to the build context (environment/)
     dest: str  # absolute path in the image
     line: int
+    inline: tuple[Heredoc, ...] = ()  # heredoc sources: files made from the Dockerfile's own text
 
 
 @dataclass
@@ -47,11 +65,79 @@ class DockerfileInfo:
         return not self.host_blockers
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, instruction) with continuations joined and comments dropped."""
-    lines: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
+def _raw_words(line: str) -> list[str]:
+    """Whitespace-separated words with their quotes and escapes kept, as BuildKit's lexer splits a line when it
+    looks for heredocs (RawQuotes, RawEscapes); like it, `<<` keeps the blanks after it (`<< EOF` is one word)."""
+    words, word, quote, in_word, i = [], "", "", False, 0
+    while i < len(line):
+        ch = line[i]
+        i += 1
+        if ch == "\\" and quote != "'" and i < len(line):
+            word, in_word, i = word + ch + line[i], True, i + 1
+        elif quote:
+            word += ch
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            word, quote, in_word = word + ch, ch, True
+        elif ch == "<" and line[i:i + 1] == "<":
+            word, in_word, i = word + "<<", True, i + 1
+            if line[i:i + 1] == "-" and line[i + 1:i + 2] in (" ", "\t"):  # `<<- EOF` (ParseHeredoc takes it)
+                word, i = word + "-", i + 1
+            while i < len(line) and line[i] in " \t":
+                word, i = word + line[i], i + 1
+        elif ch.isspace():
+            if in_word:
+                words.append(word)
+            word, in_word = "", False
+        else:
+            word, in_word = word + ch, True
+    if in_word:
+        words.append(word)
+    return words
+
+
+def _heredoc_marker(word: str) -> tuple[str, bool, bool] | None:
+    """(name, chomp, expand) when `word` opens a heredoc, else None."""
+    match = _HEREDOC_WORD.match(word)
+    if not match or not match.group(3):
+        return None
+    rest = match.group(3)
+    try:
+        unquoted = shlex.split(rest)
+    except ValueError:
+        return None
+    if len(unquoted) != 1:  # the terminator must be one word
+        return None
+    name = unquoted[0]
+    quoted = (rest.count("'") + rest.count('"')) != (name.count("'") + name.count('"'))
+    return name, match.group(2) == "-", not quoted
+
+
+def _can_hold_heredoc(instruction: str) -> bool:
+    keyword, _, rest = instruction.partition(" ")
+    keyword, rest = keyword.upper(), rest.strip()
+    if keyword == "ONBUILD":
+        keyword, _, rest = rest.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+    if keyword not in HEREDOC_INSTRUCTIONS:
+        return False
+    if rest.startswith("["):  # the JSON (exec) form takes no heredocs
+        try:
+            return not isinstance(json.loads(rest), list)
+        except json.JSONDecodeError:
+            return True
+    return True
+
+
+def _logical_lines(text: str, path: Path | None = None) -> list[tuple[int, str, tuple[Heredoc, ...]]]:
+    """(first line number, instruction, its heredocs) with continuations joined and comments dropped; heredoc bodies
+    are consumed here, so their lines are never read as instructions."""
+    lines: list[tuple[int, str, tuple[Heredoc, ...]]] = []
+    raw_lines = text.splitlines()
+    pending, start, index = "", 0, 0
+    while index < len(raw_lines):
+        number, raw = index + 1, raw_lines[index]
+        index += 1
         stripped = raw.strip()
         if not pending and (not stripped or stripped.startswith("#")):
             continue
@@ -62,10 +148,28 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
         if stripped.endswith("\\"):
             pending += stripped[:-1] + " "
             continue
-        lines.append((start, pending + stripped))
-        pending = ""
+        instruction, pending = pending + stripped, ""
+        heredocs: list[Heredoc] = []
+        if "<<" in instruction and _can_hold_heredoc(instruction):
+            for word in _raw_words(instruction):
+                marker = _heredoc_marker(word)
+                if marker is None:
+                    continue
+                name, chomp, expand = marker
+                body: list[str] = []
+                while True:
+                    if index >= len(raw_lines):
+                        raise ConfigError(f"{path or 'Dockerfile'}:{start}: unterminated heredoc <<{name} "
+                                          f"(no line {name!r} before the end of the file)")
+                    line = raw_lines[index].rstrip("\r")
+                    index += 1
+                    if (line.lstrip("\t") if chomp else line) == name:
+                        break
+                    body.append((line.lstrip("\t") if chomp else line) + "\n")
+                heredocs.append(Heredoc(name, "".join(body), expand))
+        lines.append((start, instruction, tuple(heredocs)))
     if pending.strip():
-        lines.append((start, pending.strip()))
+        lines.append((start, pending.strip(), ()))
     return lines
 
 
@@ -85,6 +189,37 @@ def _copy_args(rest: str) -> tuple[list[str], list[str]]:
         words = shlex.split(rest)
     flags = [w for w in words if w.startswith("--")]
     return flags, [w for w in words if not w.startswith("--")]
+
+
+def _copy(keyword: str, rest: str, heredocs: tuple[Heredoc, ...], variables: dict[str, str], workdir: str,
+          line: int, path: Path) -> Copy | None:
+    """A COPY (or an ADD of heredocs only); None for COPY --from, which needs another image."""
+    names = {doc.name: doc for doc in heredocs}
+    words = _raw_words(rest) if heredocs else []
+    inline: list[Heredoc] = []
+    if heredocs:  # take the heredoc words out before the usual argument parsing (it would unquote them)
+        kept = []
+        for word in words:
+            marker = _heredoc_marker(word)
+            if marker is None:
+                kept.append(word)
+                continue
+            doc = names[marker[0]]
+            content = _substitute(doc.content, variables) if doc.expand else doc.content
+            inline.append(Heredoc(doc.name, content, doc.expand))
+        if words and _heredoc_marker(words[-1]) is not None:
+            raise ConfigError(f"{path}:{line}: {keyword} cannot take a heredoc as its destination")
+        rest = " ".join(kept)
+    flags, paths = _copy_args(_substitute(rest, variables))
+    if any(f.startswith("--from") for f in flags):
+        return None
+    if len(paths) + len(inline) < 2:
+        raise ConfigError(f"{path}:{line}: {keyword} needs a source and a destination")
+    dest = paths[-1]
+    absolute = posixpath.join(workdir, dest)
+    # A trailing slash (or several sources) means "into this directory"; normpath would drop it.
+    return Copy(tuple(paths[:-1]), posixpath.normpath(absolute) + ("/" if dest.endswith("/") else ""), line,
+                tuple(inline))
 
 
 def _env_pairs(rest: str, line: int, path: Path) -> list[tuple[str, str]]:
@@ -109,7 +244,7 @@ def parse_dockerfile(path: Path) -> DockerfileInfo:
     variables: dict[str, str] = {}
     workdir = "/"
     stages = 0
-    for line, instruction in _logical_lines(text):
+    for line, instruction, heredocs in _logical_lines(text, path):
         keyword, _, rest = instruction.partition(" ")
         keyword, rest = keyword.upper(), rest.strip()
         if keyword == "FROM":
@@ -125,18 +260,14 @@ def parse_dockerfile(path: Path) -> DockerfileInfo:
         elif keyword == "WORKDIR":
             workdir = posixpath.normpath(posixpath.join(workdir, _substitute(rest, variables).strip('"')))
             info.workdir = workdir
-        elif keyword == "COPY":
-            flags, paths = _copy_args(_substitute(rest, variables))
-            if any(f.startswith("--from") for f in flags):
+        elif keyword == "COPY" or (keyword == "ADD" and heredocs):
+            copy = _copy(keyword, rest, heredocs, variables, workdir, line, path)
+            if copy is None:
                 info.host_blockers.append(f"line {line}: COPY --from another image or stage")
-                continue
-            if len(paths) < 2:
-                raise ConfigError(f"{path}:{line}: COPY needs a source and a destination")
-            dest = paths[-1]
-            absolute = posixpath.join(workdir, dest)
-            # A trailing slash (or several sources) means "into this directory"; normpath would drop it.
-            info.copies.append(Copy(tuple(paths[:-1]), posixpath.normpath(absolute) + ("/" if dest.endswith("/")
-                                                                                        else ""), line))
+            elif keyword == "ADD" and copy.sources:  # ADD of files/URLs (unpacks archives): needs the image
+                info.host_blockers.append(f"line {line}: ADD {rest[:60]}")
+            else:
+                info.copies.append(copy)
         elif keyword in ("RUN", "ADD"):
             info.host_blockers.append(f"line {line}: {keyword} {rest[:60]}")
         elif keyword not in METADATA_ONLY:
@@ -173,7 +304,12 @@ def materialize_workspace(info: DockerfileInfo, context: Path, dest: Path) -> No
     dest.mkdir(parents=True, exist_ok=True)
     for copy in info.copies:
         target = dest / posixpath.relpath(copy.dest.rstrip("/") or "/", info.workdir)
-        into_dir = copy.dest.endswith("/") or len(copy.sources) > 1
+        into_dir = copy.dest.endswith("/") or len(copy.sources) + len(copy.inline) > 1
+        for doc in copy.inline:  # a heredoc becomes a file named after its terminator, or the destination itself
+            file_target = target / doc.name if into_dir or target.is_dir() else target
+            file_target.parent.mkdir(parents=True, exist_ok=True)
+            file_target.write_text(doc.content)
+            file_target.chmod(0o644)
         for pattern in copy.sources:
             for source in _sources(context, pattern, copy.line):
                 if source.is_dir():
