@@ -1,4 +1,4 @@
-"""The sandbox supervisor: one small process per sandbox, started once, that runs every command of the sandbox.
+"""The uni-agent sandbox supervisor: one small process per sandbox, started once, that runs all its commands.
 
 It runs INSIDE the sandbox (bubblewrap, a container, a Modal sandbox), started as `python3 -I -S -c <this file's
 source> STATE_DIR`, so it must run on any python3 >= 3.6 an image may have, with the standard library alone: no
@@ -36,19 +36,34 @@ READ_CHUNK = 65536
 STATE_MARKER = "# uni-agent state end"
 NOT_STATE = ("PWD", "OLDPWD", "SHLVL", "_")  # the shell's own bookkeeping, not the sandbox's environment
 
-# Restores the previous command's state, saves this one's on exit (also after `exit N`), then runs the command file.
-# The save is written to state.sh.new and checked for the end marker by the supervisor before it replaces state.sh,
-# so a shell killed halfway through its save never leaves a broken state behind.
-RUN_SCRIPT = r"""__ua_state=$UA_STATE; unset UA_STATE
+# One shell per command, started ahead of time: right after the previous command ends, the next shell is started and
+# restores that command's state (working directory, exported variables), then waits on its control pipe. When the
+# command arrives it reads "go" or "merge" there (merge: stderr into stdout), sets the trap that saves the state on
+# exit (also after `exit N`), and runs the command file. A shell never used (the state changed under it) reads end
+# of file and exits without saving. The save goes to state.sh.new, checked for the end marker by the supervisor
+# before it replaces state.sh, so a shell killed halfway through its save never leaves a broken state behind.
+RUN_SCRIPT = r"""__ua_state=$UA_STATE; __ua_ctl=$UA_CTL; unset UA_STATE UA_CTL
 [ -f "$__ua_state/state.sh" ] && source "$__ua_state/state.sh" 2>/dev/null
 __ua_save_state() {
   local rc=$?
   { export -p; printf 'cd -- %q\n' "$PWD"; echo '# uni-agent state end'; } > "$__ua_state/state.sh.new" 2>/dev/null
   return $rc
 }
+IFS= read -r __ua_go <&"$__ua_ctl" || exit 0
+exec {__ua_ctl}<&-
+[ "$__ua_go" = merge ] && exec 2>&1
+unset __ua_go
 trap __ua_save_state EXIT
 source "$0.cmd"
 """
+
+
+class Shell:
+    """A shell started ahead of its command: the process and the write end of its control pipe."""
+
+    def __init__(self, proc, control_fd):
+        self.proc = proc
+        self.control_fd = control_fd
 
 
 class Command:
@@ -63,7 +78,7 @@ class Command:
         self.out = bytearray()
         self.err = bytearray()
         self.dropped = 0
-        self.open_streams = 2 if proc.stderr is not None else 1
+        self.open_streams = 2
         self.timed_out = False
         self.cancelled = False
 
@@ -76,6 +91,8 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
         self.current = None
+        self.spare = None  # the next command's shell, started ahead
+        self.children = {}  # pid -> Popen of every shell not yet reaped
         self.groups = set()  # every command's process group, killed when the supervisor ends
         self.out = sys.stdout.buffer
         self.stdin_fd = sys.stdin.fileno()
@@ -174,22 +191,62 @@ class Supervisor:
             os.unlink(state_new)
         with open(self.run_script + ".cmd", "wb") as f:
             f.write(command + b"\n")
-        proc = subprocess.Popen(
-            [self.bash, "--noprofile", "--norc", self.run_script],
-            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if request.get("merge", True) else subprocess.PIPE,
-            env={"UA_STATE": self.state_dir}, start_new_session=True, close_fds=True,
-        )
-        self.groups.add(proc.pid)
+        go = b"merge\n" if request.get("merge", True) else b"go\n"
+        try:
+            shell = self.hand_over(go)
+        except OSError as exc:  # no shell could be started (the sandbox is at its process limit, say)
+            message = "uni-agent: could not start a shell for the command: %s\n" % (exc,)
+            self.send({"op": "result", "id": request["id"], "exit": 126, "timed_out": False, "cancelled": False,
+                       "out": len(message), "err": 0, "dropped": 0, "seconds": 0.0}, message.encode())
+            return
+        proc = shell.proc
         current = self.current = Command(request, proc, stdin_data)
         for stream, kind in ((proc.stdout, "out"), (proc.stderr, "err")):
-            if stream is not None:
-                os.set_blocking(stream.fileno(), False)
-                self.selector.register(stream, selectors.EVENT_READ, (kind, current))
-        if proc.stdin is not None:
+            os.set_blocking(stream.fileno(), False)
+            self.selector.register(stream, selectors.EVENT_READ, (kind, current))
+        if stdin_data:
             os.set_blocking(proc.stdin.fileno(), False)
             self.selector.register(proc.stdin, selectors.EVENT_WRITE, ("stdin", current))
+        else:
+            proc.stdin.close()  # the command reads end of file, as from /dev/null
+
+    def hand_over(self, go):
+        """Give the command to the shell started ahead (or a new one, if that one is gone) and return it."""
+        shell, self.spare = self.spare, None
+        for _ in range(2):
+            if shell is None:
+                shell = self.start_shell()
+            try:
+                os.write(shell.control_fd, go)
+                os.close(shell.control_fd)
+                return shell
+            except OSError:  # it died while waiting (killed from inside the sandbox): start another
+                self.discard(shell)
+                shell = None
+        raise OSError("the shell died before it could take the command")
+
+    def start_shell(self):
+        """Start the next command's shell now, so that its start-up is not on the next command's round trip."""
+        control_r, control_w = os.pipe()
+        proc = subprocess.Popen(
+            [self.bash, "--noprofile", "--norc", self.run_script],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={"UA_STATE": self.state_dir, "UA_CTL": str(control_r)}, start_new_session=True,
+            close_fds=True, pass_fds=(control_r,),
+        )
+        os.close(control_r)
+        self.groups.add(proc.pid)
+        self.children[proc.pid] = proc
+        return Shell(proc, control_w)
+
+    def discard(self, shell):
+        """A shell that will not run a command (the state changed under it): it reads end of file and exits."""
+        for fd_owner in (shell.proc.stdin, shell.proc.stdout, shell.proc.stderr):
+            fd_owner.close()
+        try:
+            os.close(shell.control_fd)
+        except OSError:
+            pass
 
     def feed_stdin(self, command):
         stream = command.proc.stdin
@@ -239,9 +296,22 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            current = self.current
-            if current is not None and pid == current.proc.pid:
-                current.proc.returncode = _exit_code(status)
+            child = self.children.pop(pid, None)
+            if child is not None:
+                child.returncode = _exit_code(status)
+            self.forget_empty_groups()
+
+    def forget_empty_groups(self):
+        """Remember only the process groups that still have a process (what the command left in the background)."""
+        for group in list(self.groups):
+            if group in self.children:
+                continue
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                self.groups.discard(group)
+            except PermissionError:
+                pass
 
     def check_current(self):
         command = self.current
@@ -264,6 +334,10 @@ class Supervisor:
         if not (command.timed_out or command.cancelled):
             self.keep_state()
         self.send_result(command)
+        try:
+            self.spare = self.start_shell()
+        except OSError:
+            self.spare = None  # the next command tries again
 
     def read_available(self, stream, kind, command):
         while not stream.closed:
@@ -299,6 +373,9 @@ class Supervisor:
                   bytes(command.out) + bytes(command.err))
 
     def write_file(self, request, data):
+        if self.spare is not None:  # it restored the state before this write: not to be used
+            self.discard(self.spare)
+            self.spare = None
         path = request["path"]
         parent = os.path.dirname(path)
         if parent:
