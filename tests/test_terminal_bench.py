@@ -257,3 +257,38 @@ def test_agent_run_end_to_end_on_the_local_backend(local_rows, tmp_path, dask_cl
                       model_name="scripted", num_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
     results = check_agent_run(outcome, HOST_TASKS, tmp_path / "out")
     assert "bin/wordcount.sh" in results.loc["fix-word-count", "patch"]  # the agent's change, graded afresh
+
+
+SERVICE_TASKS = REPO_ROOT / "tests" / "fixtures" / "terminal_bench_services"
+
+
+def test_a_service_left_running_is_graded_in_the_agents_own_sandbox(tmp_path, dask_client):
+    """The task is graded on a server that must still be running: the oracle's solve.sh starts it in the
+    background, and so does the agent in one command; the grader's test.sh, run later in the same sandbox, finds
+    it. (A sandbox that ran each command in a process tree of its own lost the server when the command ended.)"""
+    preprocess(tmp_path, "--tasks-dir", str(SERVICE_TASKS), "--deployment", "local")
+    rows = read_rows(tmp_path / "terminal_bench_v2_local.parquet")
+    address = dask_client.scheduler.address
+    oracle = verify_all(rows, AGENT_CONFIG, patch="oracle", output_dir=str(tmp_path / "oracle"),
+                        scheduler_address=address, progress=False)
+    assert oracle.summary["resolved_ids"] == ["serve-status-page"], oracle.summary
+    assert "status page answered" in _verifications(oracle)["serve-status-page"]["log_tail"]
+    empty = verify_all(rows, AGENT_CONFIG, patch="empty", output_dir=str(tmp_path / "empty"),
+                       scheduler_address=address, progress=False)
+    assert empty.summary["resolved"] == 0
+
+    start_server = ("mkdir -p /app/site && printf ok > /app/site/status && cd /app/site && "
+                    "(python3 -m http.server 8765 --bind 127.0.0.1 > /dev/null 2>&1 &) && sleep 1")
+
+    def agent(body):
+        if assistant_turns(body) == 0:
+            return tool_call_message("execute_bash", {"command": start_server})
+        return tool_call_message("submit", {})
+
+    agents = AgentConfigs.load(AGENT_CONFIG).override_all(
+        {"interaction": {"tools_in": "api", "constrain_tool_calls": False}})
+    with ScriptedLLM(agent) as server:
+        outcome = run(rows, agents, client=dask_client, engine="external", base_url=server.base_url,
+                      model_name="scripted", num_workers=1, output_dir=str(tmp_path / "out"), progress=False, n=1)
+    result = outcome.results.set_index("instance_id").loc["serve-status-page"]
+    assert result["exit_reason"] == "submitted" and result["reward"] == 1.0, result.to_dict()
