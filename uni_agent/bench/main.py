@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -237,6 +238,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="keep every run's results and logs here (default: a temp dir, removed)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles (speedscope) of driver and workers here")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON here")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also measure this earlier git commit (a temporary worktree), in the same invocation, and "
+                        "print before/after tables: the sandbox alone, then the rollout sweep (peer off)")
+    parser.add_argument("--sandbox-only", action="store_true",
+                        help="only the sandbox figures (true round trip, machine CPU per command, memory per sandbox)")
+    parser.add_argument("--sandbox-image", default=None,
+                        help="also measure the podman backend on this local image (e.g. the tests' image)")
+    parser.add_argument("--sandbox-commands", type=int, default=500, help="`true` calls per sandbox figure")
 
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
@@ -253,7 +262,47 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.baseline or args.sandbox_only:
+        return compare_with_baseline(args)
     report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
     failed = [r for r in report["rows"] if r["system"] == "uni-agent" and r["ok"] != r["rollouts"]]
     return 1 if failed else 0
+
+
+def compare_with_baseline(args: argparse.Namespace) -> int:
+    """The sandbox figures (and, unless --sandbox-only, the rollout sweep) of REF and of this tree, side by side."""
+    from . import baseline
+
+    echo = lambda line: print(line, flush=True)  # noqa: E731
+    started = time.monotonic()
+    backends = [("local", None)] + ([("podman", args.sandbox_image)] if args.sandbox_image else [])
+    trees: list[tuple[str, Path | None]] = [("now", baseline.THIS_TREE)]
+    with contextlib.ExitStack() as stack:
+        if args.baseline:
+            trees.insert(0, (f"before ({args.baseline[:10]})", stack.enter_context(baseline.worktree(args.baseline))))
+        echo(f"uni-agent bench, sandbox alone: {os.cpu_count()} CPUs, load average {load_average():.2f} at start; "
+             f"{args.sandbox_commands} `true` calls in one live sandbox; memory = MemAvailable drop over 32 live "
+             "sandboxes / 32; machine CPU = /proc/stat over the calls / calls")
+        rows = []
+        for backend, image in backends:
+            for label, tree in trees:
+                rows.append((label, baseline.sandbox_figures(tree, backend, image, args.sandbox_commands, 32)))
+        for line in baseline.sandbox_table(rows):
+            echo(line)
+        if not args.sandbox_only and args.baseline:
+            bench_args = _sweep_args(args)
+            echo(f"\nrollout sweep ({' '.join(bench_args)}), {args.baseline} then now:")
+            before = baseline.sweep_figures(trees[0][1], bench_args)
+            after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)
+            for line in baseline.sweep_table(before, after, args.baseline):
+                echo(line)
+    print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _sweep_args(args: argparse.Namespace) -> list[str]:
+    options = options_from(args)
+    return ["--concurrency", ",".join(map(str, options.concurrency)), "--workers", ",".join(map(str, options.workers)),
+            "--turns", str(options.turns), "--delay-s", f"{options.delay_s:g}", "--waves", str(options.waves),
+            "--command", options.command]
