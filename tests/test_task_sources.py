@@ -213,7 +213,8 @@ def test_swe_smith_grader_in_a_bubblewrap_sandbox(answer, reward):
 
 
 def test_swe_smith_agent_starts_at_the_task_state():
-    """The row's post_setup_cmd puts the bug in and commits it: the agent sees the bug, and its diff is empty."""
+    """The row's post_setup_cmd puts the bug in and removes the FAIL_TO_PASS test files, each committed (SWE-smith's
+    branch tip): the agent sees the bug, not the failing tests, and its diff starts empty."""
     from uni_agent.agent_loop import start_sandbox, workspace_patch
 
     agent = _agent_for(_smith_rows()[0])
@@ -223,20 +224,21 @@ def test_swe_smith_agent_starts_at_the_task_state():
         try:
             setup = await sandbox.exec(agent.env.post_setup_cmd, 60)
             assert setup.exit_code == 0, setup.output
-            core = await sandbox.exec("cat slugkit/core.py", 10)
+            core = await sandbox.exec("cat slugkit/core.py; ls tests", 10)
             return core.output, await workspace_patch(sandbox)
         finally:
             await sandbox.close()
 
     core, patch = asyncio.run(go())
     assert "cut = slug[:max_length]" in core and patch == ""
+    assert "test_slugify.py" not in core and "test_truncate.py" not in core  # both hold FAIL_TO_PASS tests
 
 
 @pytest.mark.parametrize("log, resolved", [
     # every FAIL_TO_PASS / PASS_TO_PASS test passes
     ("a.py::f PASSED\na.py::p PASSED\n", True),
-    # SWE-smith's rule: a test missing from the log counts as passed
-    ("a.py::f PASSED\n", True),
+    # a test missing from the log fails (the released swesmith's rule, as SWE-bench's)
+    ("a.py::f PASSED\n", False),
     # SKIPPED counts neither way; FAILED and ERROR fail
     ("a.py::f PASSED\na.py::p SKIPPED\n", True),
     ("a.py::f FAILED\na.py::p PASSED\n", False),
@@ -249,6 +251,17 @@ def test_swe_smith_grading_rule_on_logs(log, resolved):
     assert smith.grade_log(meta, traced).resolved is resolved
     assert smith.grade_log(meta, log).resolved is False  # no markers: no results
     assert smith.grade_log(meta, traced + "\n>>>>> Tests Timed Out\n").resolved is False
+
+
+def test_swe_smith_counts_tests_missing_from_the_log_as_failed():
+    """A run whose test files could not even be imported (a real log of the fixture task without its pytest.ini)
+    reports no test: every test is missing, and fails. Older SWE-smith sources counted missing tests as passed (this
+    log would resolve); the released package (0.0.9) does not: crosscheck_swesmith.py checks this log too."""
+    meta = _smith_rows()[0]["extra_info"]["tools_kwargs"]["reward"]["metadata"]
+    grade = smith.grade_log(meta, (SMITH / "logs" / "collection_error.log").read_text())
+    assert grade.tests_found and grade.status_map == {} and not grade.resolved
+    assert set(grade.fail_to_pass.values()) == {"MISSING"}
+    assert grade.tests_status["FAIL_TO_PASS"]["failure"] == json.loads(meta["FAIL_TO_PASS"])
 
 
 # ---- SWE-Gym and SWE-rebench: the SWE-bench grader with the row's own spec ----

@@ -1,24 +1,27 @@
 """SWE-smith tasks (SWE-bench/SWE-smith): a bug injected into a repository's source, one image per repository, no
 test patch (the FAIL_TO_PASS tests already live in the repository). Rows in, rows out, and the grader `swe_smith`.
 
-What SWE-smith's own harness does (swesmith/harness/{eval,utils,grading}.py, swesmith/profiles/), and we match:
+What SWE-smith's own harness does (the `swesmith` package, 0.0.9: harness/{eval,utils,grading}.py, profiles/), and
+we match:
 
 - `patch` is the diff that *introduces* the bug; the gold answer is its reverse (the harness applies gold
   predictions with `git apply --reverse`). Rows keep it as `bug_patch` and the reverse as `patch`, the gold answer
   every other grader has under that name.
 - `image_name` (e.g. `swebench/swesmith.x86_64.<owner>_1776_<repo>.<commit8>`) holds the clean repository at
-  /testbed with a `testbed` conda env; the task state is that repository with the bug applied (the harness checks
-  out the task's branch; we apply `bug_patch` and commit it, which needs no network). The agent starts there (the
-  row's post_setup_cmd), so its diff is its answer alone.
+  /testbed with a `testbed` conda env. A task's branch holds two commits: the bug, then the removal of the
+  FAIL_TO_PASS tests' files; the agent works on the branch tip, the evaluation on the bug commit (tests back). We
+  build the same two states without the network: apply `bug_patch` and commit; for the agent (the row's
+  post_setup_cmd) also remove the FAIL_TO_PASS test files and commit, so its diff is its answer alone.
 - Evaluation: apply the answer with the first of `git apply --verbose`, `... --reject`, `patch --batch --fuzz=5 -p1`
   that works (none: the patch failed, an error); revert changes to the tests' files; run the repository profile's
-  test command (Python default `pytest --disable-warnings --color=no --tb=no --verbose`, the whole suite) between
-  `: '>>>>> Start Test Output'` and `: '>>>>> End Test Output'` under `set -uxo pipefail`; past the timeout the
-  instance is unresolved.
+  test command (Python default: activate the conda env, then `pytest --disable-warnings --color=no --tb=no
+  --verbose`, the whole suite) between `: '>>>>> Start Test Output'` and `: '>>>>> End Test Output'` under
+  `set -uxo pipefail`; past the timeout the instance is unresolved.
 - Grading: the log between the traced markers (`+ : '>>>>> Start Test Output'`) is parsed by the profile's parser
-  (Python: `<test id> <STATUS>` lines of pytest --verbose); a test missing from the log counts as passed, FAILED and
-  ERROR as failed, other statuses count neither way; resolved when swebench's get_resolution_status says FULL.
-  Missing-counts-as-passed is SWE-smith's rule (it runs subsets of suites), unlike SWE-bench's.
+  (Python: `<test id> <STATUS>` lines of pytest --verbose); PASSED / XFAIL pass, FAILED / ERROR and a test missing
+  from the log fail, other statuses (SKIPPED) count neither way; resolved when swebench's get_resolution_status says
+  FULL. (Older SWE-smith sources counted a missing test as passed; the released package does not, nor do we.)
+  tests/fixtures/swe_smith/crosscheck_swesmith.py compares our grades with the package's on real logs.
 
 Repositories whose profile overrides the test command or parser (a few do, e.g. `-rA` summary lines) need the row's
 `test_cmd` / `log_parser` (`pytest_verbose`, the default, or `pytest_summary`).
@@ -48,7 +51,8 @@ HUB_NAME = "SWE-bench/SWE-smith"
 HUB_SPLIT = "train"
 DATA_SOURCE = "swe_smith"
 REWARD_NAME = "swe_smith"
-DEFAULT_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
+DEFAULT_TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
+                    "pytest --disable-warnings --color=no --tb=no --verbose")
 START_MARKER, END_MARKER = ">>>>> Start Test Output", ">>>>> End Test Output"
 APPLY_PATCH_FAIL, TESTS_TIMEOUT = ">>>>> Patch Apply Failed", ">>>>> Tests Timed Out"  # swebench's markers
 EVAL_SCRIPT_PATH = "/tmp/swesmith_eval.sh"
@@ -148,19 +152,27 @@ def task_state_command(meta: Mapping[str, Any], workdir: str = WORKDIR) -> str:
             f" && git -c user.name=uni-agent -c user.email=uni-agent@localhost commit -q --no-verify -m {message}")
 
 
+def test_files(meta: Mapping[str, Any], which: str = "FAIL_TO_PASS") -> list[str]:
+    """The files of a test list (`path::name` → path), as SWE-smith's Python profile lists them."""
+    return sorted({t.split("::", 1)[0] for t in test_list(meta[which], which)})
+
+
 def agent_setup_command(meta: Mapping[str, Any]) -> str:
-    """The row's post_setup_cmd: the task state, then the image's test environment for the agent's commands."""
-    return (task_state_command(meta) + " && { if [ -f /opt/miniconda3/bin/activate ]; then"
+    """The row's post_setup_cmd: the task state, the FAIL_TO_PASS test files removed and committed (the branch tip
+    SWE-smith's agents see), then the image's test environment for the agent's commands."""
+    files = " ".join(shlex.quote(f) for f in test_files(meta))
+    return (task_state_command(meta) + f" && git rm -q --ignore-unmatch -- {files}"
+            " && git -c user.name=uni-agent -c user.email=uni-agent@localhost commit -q --no-verify --allow-empty"
+            " -m 'Remove F2P Tests' && { if [ -f /opt/miniconda3/bin/activate ]; then"
             " source /opt/miniconda3/bin/activate testbed; fi; }")
 
 
-def eval_script(meta: Mapping[str, Any]) -> str:
-    """SWE-smith's eval script: traced, the conda env when the image has it, the test command between markers."""
+def eval_script(meta: Mapping[str, Any], workdir: str = WORKDIR) -> str:
+    """SWE-smith's eval script: traced, the test command (which activates the env itself) between markers."""
     return "\n".join([
         "#!/bin/bash",
         "set -uxo pipefail",
-        "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; conda activate testbed; fi",
-        f"cd {WORKDIR}",
+        f"cd {workdir}",
         f": '{START_MARKER}'",
         meta.get("test_cmd") or DEFAULT_TEST_CMD,
         f": '{END_MARKER}'",
@@ -195,7 +207,7 @@ def parse_log(log: str, parser: str = "pytest_verbose") -> dict[str, str]:
 class SmithGrade:
     tests_found: bool
     status_map: dict[str, str]
-    fail_to_pass: dict[str, str]  # each test → its status, MISSING when absent (which SWE-smith counts as passed)
+    fail_to_pass: dict[str, str]  # each test → its status, MISSING when absent (counted as failed)
     pass_to_pass: dict[str, str]
     tests_status: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     resolved: bool = False
@@ -215,9 +227,9 @@ def grade_log(meta: Mapping[str, Any], log: str) -> SmithGrade:
         return grade
 
     def split(tests: list[str]) -> dict[str, list[str]]:
-        # Missing counts as passed; FAILED / ERROR as failed; anything else (SKIPPED) neither.
-        success = [t for t in tests if status_map.get(t, "PASSED") in ("PASSED", "XFAIL")]
-        failure = [t for t in tests if status_map.get(t) in ("FAILED", "ERROR")]
+        # PASSED / XFAIL pass; FAILED / ERROR / missing fail; anything else (SKIPPED) neither.
+        success = [t for t in tests if status_map.get(t) in ("PASSED", "XFAIL")]
+        failure = [t for t in tests if status_map.get(t, "FAILED") in ("FAILED", "ERROR")]
         return {"success": success, "failure": failure}
 
     grade.tests_status = {FAIL_TO_PASS: split(f2p), PASS_TO_PASS: split(p2p)}
@@ -251,12 +263,11 @@ async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outc
             outcome.error = f"the patch did not apply with any of: {'; '.join(GIT_APPLY_CMDS)}"
             return
     outcome.patch_applied = True
-    test_files = dict.fromkeys(t.split("::")[0] for t in test_list(meta["FAIL_TO_PASS"], "FAIL_TO_PASS")
-                               + test_list(meta["PASS_TO_PASS"], "PASS_TO_PASS"))
-    if test_files:  # an answer does not get to change the tests that grade it
-        reverts = " ; ".join(f"git checkout HEAD -- {shlex.quote(f)} 2>/dev/null" for f in test_files)
+    files = dict.fromkeys(test_files(meta, "FAIL_TO_PASS") + test_files(meta, "PASS_TO_PASS"))
+    if files:  # an answer does not get to change the tests that grade it
+        reverts = " ; ".join(f"git checkout HEAD -- {shlex.quote(f)} 2>/dev/null" for f in files)
         await sandbox.exec(f"cd {workdir} && {{ {reverts} ; true ; }}", left())
-    await write_file(sandbox, EVAL_SCRIPT_PATH, eval_script(meta).replace(f"cd {WORKDIR}", f"cd {workdir}").encode())
+    await write_file(sandbox, EVAL_SCRIPT_PATH, eval_script(meta, workdir).encode())
     run = await sandbox.exec(f"/bin/bash {EVAL_SCRIPT_PATH} 2>&1", left())
     outcome.log_tail = run.output[-LOG_TAIL_CHARS:]
     if run.timed_out:
