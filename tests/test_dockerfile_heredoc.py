@@ -95,3 +95,55 @@ def test_heredoc_task_folders_convert(tmp_path):
     workspace = Path(row["extra_info"]["tools_kwargs"]["env"]["deployment"]["repo"])
     assert (workspace / "greeter.py").read_text() == 'import sys\n\nprint(f"Helo, {sys.argv[1]}!")\n'
     assert "$GREETING is not expanded" in (workspace / "README").read_text()
+
+
+def test_classic_dockerfile_turns_heredocs_into_context_files(tmp_path):
+    """For builders without heredocs (buildah < 1.33: Debian 12's podman 4.3 reads `[service]` as an instruction):
+    the same effect from files in a copy of the build context."""
+    from uni_agent.terminal_bench.dockerfile import classic_dockerfile, prepare_build_context
+
+    path = tmp_path / "Dockerfile"
+    path.write_text("FROM x\nARG WHO=you\nWORKDIR /w\n# kept\nRUN <<EOF\n#!/usr/bin/env python3\nprint(1)\nEOF\n"
+                    "RUN --network=none cat > /w/a <<-'A' && echo done\n\tkeep $HOME\n\tA\n"
+                    "COPY --chmod=600 <<EOF extra.txt /w/dir/\nhi $WHO\nEOF\n")
+    text, files = classic_dockerfile(path, {"WHO": "Ada"})
+    assert text == ("FROM x\nARG WHO=you\nWORKDIR /w\n# kept\n"
+                    "COPY .uni-agent-heredoc/line-5/run /tmp/uni-agent-heredoc/line-5\n"
+                    "RUN /tmp/uni-agent-heredoc/line-5\n"  # a shebang script runs itself
+                    "COPY .uni-agent-heredoc/line-9/run /tmp/uni-agent-heredoc/line-9\n"
+                    "RUN --network=none . /tmp/uni-agent-heredoc/line-9\n"
+                    'COPY --chmod=600 [".uni-agent-heredoc/line-12/EOF", "extra.txt", "/w/dir/"]\n')
+    assert files[".uni-agent-heredoc/line-5/run"] == ("#!/usr/bin/env python3\nprint(1)\n", 0o755)
+    # the command, its raw body (the shell strips the tabs of <<-) and the bare terminator, as BuildKit rebuilds it
+    assert files[".uni-agent-heredoc/line-9/run"] == ("cat > /w/a <<-'A' && echo done\n\tkeep $HOME\nA\n", 0o644)
+    assert files[".uni-agent-heredoc/line-12/EOF"] == ("hi Ada\n", 0o644)  # expanded, with the build arg
+    context, dockerfile = prepare_build_context(tmp_path, tmp_path / "scratch")
+    assert dockerfile == context / "Dockerfile.classic" and (context / ".uni-agent-heredoc/line-9/run").exists()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "Dockerfile").write_text("FROM x\nWORKDIR /w\n")
+    assert prepare_build_context(plain, tmp_path / "scratch2") == (plain, plain / "Dockerfile")
+
+
+def test_heredoc_tasks_build_and_grade_on_podman(tmp_path):
+    """The two heredoc tasks built for real with Debian's podman 4.3 (no heredoc support of its own) on the local
+    test image, then graded in their images: the oracle earns 1, the empty answer 0."""
+    from container_image import ImageUnavailable, ensure_image
+
+    from uni_agent.config import AgentConfigs
+    from uni_agent.terminal_bench.preprocess import convert_tasks
+    from uni_agent.verify import verify_reference
+
+    try:
+        base, _ = ensure_image()
+    except ImageUnavailable as exc:
+        pytest.fail(f"the podman test image is unavailable: {exc}")
+    path, count, skipped = convert_tasks(FIXTURES, tmp_path, deployment="podman", build=True,
+                                         build_args={"BASE_IMAGE": base}, build_network="none")
+    assert (count, skipped) == (2, []), skipped
+    agents = AgentConfigs.load(Path(__file__).resolve().parents[1] / "examples" / "agent_interaction"
+                               / "agent_config_podman.yaml")
+    for row in pq.read_table(path).to_pylist():
+        agent = agents.for_row(row["agent_name"], row["extra_info"]["tools_kwargs"], row["instance_id"])
+        oracle, empty = verify_reference(agent, "oracle"), verify_reference(agent, "empty")
+        assert (oracle.reward, empty.reward) == (1.0, 0.0), (row["instance_id"], oracle.error, oracle.log_tail)

@@ -39,8 +39,23 @@ HEREDOC_INSTRUCTIONS = {"RUN", "COPY", "ADD"}
 @dataclass(frozen=True)
 class Heredoc:
     name: str  # the terminator, unquoted; also the file name of a COPY heredoc
-    content: str  # the body, each line with its newline; tabs stripped for `<<-`
+    raw: str  # the body as written, each line with its newline
     expand: bool  # unquoted terminator: ARG/ENV references in a COPY body are expanded
+    chomp: bool = False  # `<<-`: leading tabs are stripped from the body
+
+    @property
+    def content(self) -> str:
+        """The body as a COPY file or a lone RUN script gets it (BuildKit strips the tabs of `<<-` itself; a RUN
+        whose heredocs feed a command gets `raw`, and the shell strips them)."""
+        return re.sub(r"(?m)^\t+", "", self.raw) if self.chomp else self.raw
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int  # first line (1-based)
+    end: int  # last line, heredoc bodies included
+    text: str  # continuation lines joined, comments dropped
+    heredocs: tuple[Heredoc, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,10 +144,10 @@ def _can_hold_heredoc(instruction: str) -> bool:
     return True
 
 
-def _logical_lines(text: str, path: Path | None = None) -> list[tuple[int, str, tuple[Heredoc, ...]]]:
-    """(first line number, instruction, its heredocs) with continuations joined and comments dropped; heredoc bodies
-    are consumed here, so their lines are never read as instructions."""
-    lines: list[tuple[int, str, tuple[Heredoc, ...]]] = []
+def _logical_lines(text: str, path: Path | None = None) -> list[Instruction]:
+    """The instructions, continuations joined and comments dropped; heredoc bodies are consumed here, so their lines
+    are never read as instructions."""
+    lines: list[Instruction] = []
     raw_lines = text.splitlines()
     pending, start, index = "", 0, 0
     while index < len(raw_lines):
@@ -165,11 +180,11 @@ def _logical_lines(text: str, path: Path | None = None) -> list[tuple[int, str, 
                     index += 1
                     if (line.lstrip("\t") if chomp else line) == name:
                         break
-                    body.append((line.lstrip("\t") if chomp else line) + "\n")
-                heredocs.append(Heredoc(name, "".join(body), expand))
-        lines.append((start, instruction, tuple(heredocs)))
+                    body.append(line + "\n")
+                heredocs.append(Heredoc(name, "".join(body), expand, chomp))
+        lines.append(Instruction(start, index, instruction, tuple(heredocs)))
     if pending.strip():
-        lines.append((start, pending.strip(), ()))
+        lines.append(Instruction(start, len(raw_lines), pending.strip()))
     return lines
 
 
@@ -205,8 +220,8 @@ def _copy(keyword: str, rest: str, heredocs: tuple[Heredoc, ...], variables: dic
                 kept.append(word)
                 continue
             doc = names[marker[0]]
-            content = _substitute(doc.content, variables) if doc.expand else doc.content
-            inline.append(Heredoc(doc.name, content, doc.expand))
+            inline.append(Heredoc(doc.name, _substitute(doc.content, variables) if doc.expand else doc.content,
+                                  doc.expand))
         if words and _heredoc_marker(words[-1]) is not None:
             raise ConfigError(f"{path}:{line}: {keyword} cannot take a heredoc as its destination")
         rest = " ".join(kept)
@@ -244,7 +259,8 @@ def parse_dockerfile(path: Path) -> DockerfileInfo:
     variables: dict[str, str] = {}
     workdir = "/"
     stages = 0
-    for line, instruction, heredocs in _logical_lines(text, path):
+    for item in _logical_lines(text, path):
+        line, instruction, heredocs = item.line, item.text, item.heredocs
         keyword, _, rest = instruction.partition(" ")
         keyword, rest = keyword.upper(), rest.strip()
         if keyword == "FROM":
@@ -318,3 +334,117 @@ def materialize_workspace(info: DockerfileInfo, context: Path, dest: Path) -> No
                     file_target = target / source.name if into_dir or target.is_dir() else target
                     file_target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(source, file_target)
+
+
+# ---- heredocs for builders that predate them ----
+
+HEREDOC_DIR = ".uni-agent-heredoc"  # in the build context: the heredoc bodies as files
+HEREDOC_RUN_DIR = "/tmp/uni-agent-heredoc"  # in the image: a RUN heredoc's script
+
+
+def has_heredocs(path: Path) -> bool:
+    return any(item.heredocs for item in _logical_lines(path.read_text(), path))
+
+
+def classic_dockerfile(path: Path, build_args: dict[str, str] | None = None) -> tuple[str, dict[str, tuple[str, int]]]:
+    """The Dockerfile with every heredoc turned into a file of the build context, for builders without heredoc
+    support (buildah before 1.33, e.g. Debian 12's podman 4.3, reads the body lines as instructions). Returns the new
+    text and {context-relative path: (content, mode)}. Same effect as BuildKit's:
+
+    - `COPY/ADD <<NAME dest`: the body (tabs stripped for `<<-`, ARG/ENV expanded unless the name was quoted) as the
+      file NAME, copied like any file (`ADD` of heredocs only becomes `COPY`);
+    - `RUN <<NAME` alone: the body is the script, run by the shell (SHELL), or executed itself when it starts with
+      `#!`; any other heredoc RUN: the command line with its heredoc bodies and terminators, run by the shell.
+      The script is COPY'd to /tmp/uni-agent-heredoc/ first (it stays there in the image)."""
+    text = path.read_text()
+    raw_lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    files: dict[str, tuple[str, int]] = {}
+    variables: dict[str, str] = {}
+    build_args = build_args or {}
+    position = 0
+    for item in _logical_lines(text, path):
+        out.extend(raw_lines[position:item.line - 1])  # comments and blank lines between instructions
+        position = item.end
+        keyword, _, rest = item.text.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "ARG":
+            name, sep, default = rest.partition("=")
+            variables[name.strip()] = build_args.get(name.strip(), default.strip().strip('"') if sep else "")
+        elif keyword == "ENV":
+            variables.update(_env_pairs(_substitute(rest, variables), item.line, path))
+        if not item.heredocs or keyword not in HEREDOC_INSTRUCTIONS:
+            out.extend(raw_lines[item.line - 1:item.end])
+            continue
+        tag = f"{HEREDOC_DIR}/line-{item.line}"
+        if keyword == "RUN":
+            out.extend(_classic_run(rest, item, tag, files))
+        else:
+            out.append(_classic_copy(keyword, rest, item, tag, files, variables))
+    out.extend(raw_lines[position:])
+    return "".join(out), files
+
+
+def _leading_flags(rest: str) -> tuple[list[str], str]:
+    """(the `--flag` words at the start of an instruction's arguments, the raw text after them)."""
+    flags = []
+    for word in _raw_words(rest):
+        if not word.startswith("--"):
+            break
+        flags.append(word)
+        rest = rest.lstrip()[len(word):]
+    return flags, rest.lstrip()
+
+
+def _classic_run(rest: str, item: Instruction, tag: str, files: dict[str, tuple[str, int]]) -> list[str]:
+    flags, command = _leading_flags(rest)  # RUN --mount=... / --network=...: kept for the builder to judge
+    image_path = f"{HEREDOC_RUN_DIR}/line-{item.line}"
+    run = " ".join(["RUN", *flags])
+    words = _raw_words(command)
+    if len(words) == 1 and _heredoc_marker(words[0]) is not None:  # `RUN <<EOF`: the body is the script
+        body = item.heredocs[0].content
+        if body.startswith("#!"):  # executed itself, by its interpreter
+            files[f"{tag}/run"] = (body, 0o755)
+            return [f"COPY {tag}/run {image_path}\n", f"{run} {image_path}\n"]
+        script = body
+    else:  # the command with its heredocs, for the shell to read
+        script = command + "".join(f"\n{doc.raw}{doc.name}" for doc in item.heredocs) + "\n"
+    files[f"{tag}/run"] = (script, 0o644)
+    return [f"COPY {tag}/run {image_path}\n", f"{run} . {image_path}\n"]
+
+
+def _classic_copy(keyword: str, rest: str, item: Instruction, tag: str, files: dict[str, tuple[str, int]],
+                  variables: dict[str, str]) -> str:
+    docs = {doc.name: doc for doc in item.heredocs}
+    flags, rest = _leading_flags(rest)
+    paths, from_files = [], False
+    for word in _raw_words(rest):
+        marker = _heredoc_marker(word)
+        if marker is None:
+            paths.append(shlex.split(word)[0] if shlex.split(word) else word)
+            continue
+        doc = docs[marker[0]]
+        files[f"{tag}/{doc.name}"] = (_substitute(doc.content, variables) if doc.expand else doc.content, 0o644)
+        paths.append(f"{tag}/{doc.name}")
+    from_files = any(not p.startswith(f"{tag}/") for p in paths[:-1])
+    name = keyword if from_files else "COPY"  # an ADD of heredocs only is a plain COPY
+    return f"{' '.join([name, *flags])} {json.dumps(paths)}\n"
+
+
+def prepare_build_context(context: Path, scratch: Path, build_args: dict[str, str] | None = None
+                          ) -> tuple[Path, Path]:
+    """(build context, Dockerfile) for a builder without heredoc support: the task's own when its Dockerfile has
+    no heredoc; else a copy of the context under `scratch` with the heredoc files and the classic Dockerfile."""
+    dockerfile = context / "Dockerfile"
+    if not has_heredocs(dockerfile):
+        return context, dockerfile
+    text, files = classic_dockerfile(dockerfile, build_args)
+    copy = scratch / "context"
+    shutil.copytree(context, copy, symlinks=True)
+    for relative, (content, mode) in files.items():
+        target = copy / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        target.chmod(mode)
+    (copy / "Dockerfile.classic").write_text(text)
+    return copy, copy / "Dockerfile.classic"

@@ -12,9 +12,11 @@ import hashlib
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from ..config import ConfigError
+from .dockerfile import prepare_build_context
 from .task import LoadedTask
 
 TAG_PREFIX = "localhost/uni-agent-tb-"
@@ -53,17 +55,21 @@ def build_image(task: LoadedTask, tag: str, cli: str = "podman", build_args: dic
         raise ImageBuildError(f"task {task.task_id}: the {cli!r} CLI is not installed, so its image cannot be built")
     if image_exists(tag, cli):
         return False
-    context = task.folder / "environment"
-    argv = [cli, *_global_args(cli, runtime), "build", "-t", tag, "-f", str(context / "Dockerfile")]
-    for key, value in sorted((build_args or {}).items()):
-        argv += ["--build-arg", f"{key}={value}"]
-    if network:
-        argv += ["--network", network]
     timeout = task.config.environment.build_timeout_sec
-    try:
-        done = subprocess.run([*argv, str(context)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ImageBuildError(f"task {task.task_id}: the image build ran past build_timeout_sec={timeout:g}") from None
+    with tempfile.TemporaryDirectory(prefix="uni-agent-build-") as scratch:
+        # A Dockerfile with heredocs is built from a copy of the context where they are files (dockerfile.py): buildah
+        # before 1.33 (Debian 12's podman 4.3) reads heredoc bodies as instructions.
+        context, dockerfile = prepare_build_context(task.folder / "environment", Path(scratch), build_args)
+        argv = [cli, *_global_args(cli, runtime), "build", "-t", tag, "-f", str(dockerfile)]
+        for key, value in sorted((build_args or {}).items()):
+            argv += ["--build-arg", f"{key}={value}"]
+        if network:
+            argv += ["--network", network]
+        try:
+            done = subprocess.run([*argv, str(context)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ImageBuildError(f"task {task.task_id}: the image build ran past build_timeout_sec={timeout:g}") \
+                from None
     if done.returncode != 0:
         log = (done.stdout + done.stderr)[-BUILD_LOG_TAIL:]
         raise ImageBuildError(f"task {task.task_id}: {cli} build failed (exit {done.returncode}):\n{log}")
