@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -71,26 +70,25 @@ class Session:
 
     async def wait_ready(self, timeout: float) -> None:
         try:
-            header = await asyncio.wait_for(self._read_header(), timeout)
+            fields = await asyncio.wait_for(self._read_header(), timeout)
         except TimeoutError:
             raise SandboxStartError(f"sandbox {self.name}: the supervisor did not start within {timeout:g}s") from None
         except SandboxError as exc:
             if NO_PYTHON in str(exc):
                 raise  # the image will not change: no point in retrying the start
             raise SandboxStartError(str(exc)) from None
-        if header.get("op") != "ready":
-            raise SandboxStartError(f"sandbox {self.name}: the supervisor said {header!r} instead of ready")
-        self.supervisor_pid = header.get("pid")
-        self.python_version = header.get("python", "")
+        if fields[0] != "ready" or len(fields) != 3:
+            raise SandboxStartError(f"sandbox {self.name}: the supervisor said {' '.join(fields)!r}, not ready")
+        self.supervisor_pid, self.python_version = int(fields[1]), fields[2]
 
     async def run(self, command: str, timeout: float, stdin: bytes | None, merge_stderr: bool) -> ExecResult:
         encoded = command.encode()
-        request = {"op": "exec", "timeout": timeout, "merge": merge_stderr, "cmd": len(encoded),
-                   "stdin": -1 if stdin is None else len(stdin)}
-        return await self._call(request, encoded + (stdin or b""), timeout + HOST_GRACE_S)
+        fields = f"{timeout:.3f} {int(merge_stderr)} {len(encoded)} {-1 if stdin is None else len(stdin)}"
+        return await self._call("exec", fields, encoded + (stdin or b""), timeout + HOST_GRACE_S)
 
     async def write_file(self, path: str, data: bytes, append: bool = False, timeout: float = 60) -> None:
-        await self._call({"op": "write", "path": path, "len": len(data), "append": append}, data, timeout)
+        encoded = path.encode()
+        await self._call("write", f"{int(append)} {len(encoded)} {len(data)}", encoded + data, timeout)
 
     async def close(self) -> None:
         """Close the supervisor's stdin: it kills every process group it started and exits."""
@@ -99,29 +97,29 @@ class Session:
             await self._write(None)
 
     # -- one request -------------------------------------------------------------------------------------------
-    async def _call(self, request: dict[str, Any], payload: bytes, wait_s: float) -> ExecResult:
+    async def _call(self, op: str, fields: str, payload: bytes, wait_s: float) -> ExecResult:
         async with self._lock:
             if self._broken is not None:
                 raise SandboxError(f"sandbox {self.name} is not usable: {self._broken}")
-            request["id"] = request_id = next(self._ids)
+            request_id = next(self._ids)
             started = time.monotonic()
-            await self._send(json.dumps(request).encode() + b"\n" + payload)
+            await self._send(f"{op} {request_id} {fields}\n".encode() + payload)
             # The answer is read by a task of its own, so that a cancelled caller never leaves half a message
             # unread in the stream: the cancel path waits for the same task.
             answer = asyncio.ensure_future(self._read_result(request_id))
             try:
-                header, body = await asyncio.wait_for(asyncio.shield(answer), wait_s)
+                result = await asyncio.wait_for(asyncio.shield(answer), wait_s)
             except TimeoutError:
-                header, body = await self._cancel(request_id, answer, "did not answer within its timeout")
+                result = await self._cancel(request_id, answer, "did not answer within its timeout")
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._cancel(request_id, answer, "was cancelled"))
                 raise
-            return _result(header, body, time.monotonic() - started)
+            return replace(result, duration_s=time.monotonic() - started)
 
-    async def _cancel(self, request_id: int, answer: asyncio.Future, why: str) -> tuple[dict[str, Any], bytes]:
+    async def _cancel(self, request_id: int, answer: asyncio.Future, why: str) -> ExecResult:
         try:
-            await self._send(json.dumps({"op": "cancel", "id": request_id}).encode() + b"\n")
+            await self._send(f"cancel {request_id}\n".encode())
             return await asyncio.wait_for(asyncio.shield(answer), CANCEL_WAIT_S)
         except (TimeoutError, SandboxError) as exc:
             answer.cancel()
@@ -134,29 +132,35 @@ class Session:
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             await self._fail(f"could not reach the supervisor ({type(exc).__name__})")
 
-    async def _read_result(self, request_id: int) -> tuple[dict[str, Any], bytes]:
-        header = await self._read_header()
-        if header.get("op") != "result" or header.get("id") != request_id:
-            await self._fail(f"protocol out of step: expected the result of {request_id}, got {header!r}")
-        size = int(header.get("out", 0)) + int(header.get("err", 0))
+    async def _read_result(self, request_id: int) -> ExecResult:
+        fields = await self._read_header()
+        if fields[0] != "result" or len(fields) != 9 or fields[1] != str(request_id):
+            await self._fail(f"protocol out of step: expected the result of {request_id}, got {' '.join(fields)!r}")
+        _, _, exit_code, timed_out, cancelled, out_size, err_size, dropped, _seconds = fields
         try:
-            body = await self._reader.readexactly(size) if size else b""
+            body = await self._reader.readexactly(int(out_size) + int(err_size))
         except asyncio.IncompleteReadError:
             await self._fail("the supervisor's output ended mid-message")
-        return header, body
+        return ExecResult(
+            stdout=body[:int(out_size)],
+            stderr=body[int(out_size):],
+            exit_code=None if exit_code == "-" else int(exit_code),
+            timed_out=timed_out == "1" or cancelled == "1",
+            duration_s=0.0,
+            truncated_bytes=int(dropped),
+        )
 
-    async def _read_header(self) -> dict[str, Any]:
+    async def _read_header(self) -> list[str]:
         try:
             line = await self._reader.readuntil(b"\n")
         except asyncio.IncompleteReadError:
             await self._fail("the supervisor exited")
         except asyncio.LimitOverrunError:
             await self._fail("the supervisor sent a header line that is too long")
-        try:
-            return json.loads(line)
-        except ValueError:
+        fields = line.decode("utf-8", "replace").split()
+        if not fields:
             await self._fail(f"the supervisor sent something that is not a message: {line[:200]!r}")
-        raise AssertionError("unreachable")
+        return fields
 
     async def _fail(self, what: str) -> None:
         if self._broken is None or self._broken == "closed":
@@ -164,18 +168,6 @@ class Session:
                 what += f" ({await asyncio.wait_for(self._describe_end(), 5)})"
         self._broken = what
         raise SandboxError(f"sandbox {self.name} is gone: {what}")
-
-
-def _result(header: dict[str, Any], body: bytes, seconds: float) -> ExecResult:
-    out_size = int(header.get("out", 0))
-    return ExecResult(
-        stdout=body[:out_size],
-        stderr=body[out_size:],
-        exit_code=header.get("exit"),
-        timed_out=bool(header.get("timed_out") or header.get("cancelled")),
-        duration_s=seconds,
-        truncated_bytes=int(header.get("dropped", 0)),
-    )
 
 
 def reader_from_chunks(chunks: AsyncIterator[bytes | str]) -> tuple[asyncio.StreamReader, asyncio.Task]:

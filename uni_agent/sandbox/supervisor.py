@@ -4,14 +4,14 @@ It runs INSIDE the sandbox (bubblewrap, a container, a Modal sandbox), started a
 source> STATE_DIR`, so it must run on any python3 >= 3.6 an image may have, with the standard library alone: no
 third-party imports, no syntax newer than 3.6, nothing from the uni_agent package.
 
-Protocol (its stdin and stdout; its stderr is a diagnostic log only). Every message is one JSON line, followed by
-the raw bytes whose lengths the line announces:
-  host → supervisor  {"op": "exec", "id": N, "timeout": S, "merge": B, "cmd": LEN, "stdin": LEN | -1} cmd-bytes stdin
-                     {"op": "cancel", "id": N}      kill the running command N (its process group)
-                     {"op": "write", "id": N, "path": P, "len": LEN, "append": B} bytes   write a file, no shell
-  supervisor → host  {"op": "ready", "pid": PID, "python": "3.x.y"}           once, at start
-                     {"op": "result", "id": N, "exit": CODE | null, "timed_out": B, "cancelled": B, "out": LEN,
-                      "err": LEN, "dropped": K, "seconds": S} out-bytes err-bytes
+Protocol (its stdin and stdout; its stderr is a diagnostic log only). Every message is one line of space-separated
+fields, followed by the raw bytes whose lengths the line announces (no json: importing it, with `re`, would double
+the supervisor's start-up time):
+  host → supervisor  exec ID TIMEOUT MERGE CMD_LEN STDIN_LEN  cmd-bytes stdin-bytes   (STDIN_LEN -1: no stdin)
+                     cancel ID                                kill the running command ID (its process group)
+                     write ID APPEND PATH_LEN LEN  path-bytes data-bytes              write a file, no shell involved
+  supervisor → host  ready PID PYTHON_VERSION                 once, at start
+                     result ID EXIT|- TIMED_OUT CANCELLED OUT_LEN ERR_LEN DROPPED SECONDS  out-bytes err-bytes
 A command runs as `bash run.sh` in a session (and so a process group) of its own. At its timeout, or on cancel, that
 group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
 `nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
@@ -21,11 +21,8 @@ them when the shell exits and the next command's shell restores them; a command'
 stdin ends the supervisor and every process group it started (its owner is gone).
 """
 
-import json
 import os
 import selectors
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -108,7 +105,7 @@ class Supervisor:
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def serve(self):
-        self.bash = shutil.which("bash")
+        self.bash = _find("bash")
         if self.bash is None:
             raise RuntimeError("bash is not installed in the sandbox")
         os.makedirs(self.state_dir, exist_ok=True)
@@ -117,8 +114,8 @@ class Supervisor:
         with open(os.path.join(self.state_dir, "state.sh"), "w") as f:
             for key, value in sorted(os.environ.items()):
                 if key not in NOT_STATE and key.replace("_", "a").isalnum() and not key[0].isdigit():
-                    f.write("export %s=%s\n" % (key, shlex.quote(value)))
-        self.send({"op": "ready", "pid": os.getpid(), "python": "%d.%d.%d" % sys.version_info[:3]})
+                    f.write("export %s=%s\n" % (key, _quote(value)))
+        self.send("ready %d %d.%d.%d" % ((os.getpid(),) + tuple(sys.version_info[:3])))
         try:
             while True:
                 deadlines = [t for t in (self.end_of_life, self.current and self.current.deadline) if t]
@@ -159,27 +156,34 @@ class Supervisor:
         newline = self.inbox.find(b"\n")
         if newline < 0:
             return False
-        request = json.loads(self.inbox[:newline].decode())
-        op = request.get("op")
+        fields = self.inbox[:newline].decode().split()
+        op, request_id = fields[0], int(fields[1])
         if op == "cancel":
             del self.inbox[:newline + 1]
-            if self.current is not None and self.current.id == request["id"]:
+            if self.current is not None and self.current.id == request_id:
                 self.current.cancelled = True
                 self.kill_group(self.current.proc.pid)
             return True
-        sizes = [request["cmd"], max(request["stdin"], 0)] if op == "exec" else [request["len"]]
+        if op == "exec":
+            request = {"id": request_id, "timeout": float(fields[2]), "merge": fields[3] == "1"}
+            stdin_size = int(fields[5])
+            sizes = [int(fields[4]), max(stdin_size, 0)]
+        elif op == "write":
+            request = {"id": request_id, "append": fields[2] == "1"}
+            sizes = [int(fields[3]), int(fields[4])]
+        else:
+            raise ValueError("unknown message %r" % (bytes(self.inbox[:newline]),))
         end = newline + 1 + sum(sizes)
         if len(self.inbox) < end:
             return False
         payload = bytes(self.inbox[newline + 1:end])
         del self.inbox[:end]
+        first, rest = payload[:sizes[0]], payload[sizes[0]:]
         if op == "write":
-            self.write_file(request, payload)
-        elif op == "exec":
-            command, stdin_data = payload[:sizes[0]], payload[sizes[0]:]
-            self.start(request, command, stdin_data if request["stdin"] >= 0 else None)
+            request["path"] = first.decode()
+            self.write_file(request, rest)
         else:
-            raise ValueError("unknown op %r" % (op,))
+            self.start(request, first, rest if stdin_size >= 0 else None)
         return True
 
     # -- commands ----------------------------------------------------------------------------------------------
@@ -196,8 +200,7 @@ class Supervisor:
             shell = self.hand_over(go)
         except OSError as exc:  # no shell could be started (the sandbox is at its process limit, say)
             message = "uni-agent: could not start a shell for the command: %s\n" % (exc,)
-            self.send({"op": "result", "id": request["id"], "exit": 126, "timed_out": False, "cancelled": False,
-                       "out": len(message), "err": 0, "dropped": 0, "seconds": 0.0}, message.encode())
+            self.send_line(request["id"], 126, False, False, message.encode(), b"", 0, 0.0)
             return
         proc = shell.proc
         current = self.current = Command(request, proc, stdin_data)
@@ -365,12 +368,14 @@ class Supervisor:
             os.replace(new, os.path.join(self.state_dir, "state.sh"))
 
     def send_result(self, command):
-        rc = command.proc.returncode
         killed = command.timed_out or command.cancelled
-        self.send({"op": "result", "id": command.id, "exit": None if killed else rc, "timed_out": command.timed_out,
-                   "cancelled": command.cancelled, "out": len(command.out), "err": len(command.err),
-                   "dropped": command.dropped, "seconds": round(time.monotonic() - command.started, 6)},
-                  bytes(command.out) + bytes(command.err))
+        self.send_line(command.id, None if killed else command.proc.returncode, command.timed_out, command.cancelled,
+                       bytes(command.out), bytes(command.err), command.dropped, time.monotonic() - command.started)
+
+    def send_line(self, request_id, exit_code, timed_out, cancelled, out, err, dropped, seconds):
+        self.send("result %d %s %d %d %d %d %d %.6f" % (
+            request_id, "-" if exit_code is None else exit_code, timed_out, cancelled, len(out), len(err), dropped,
+            seconds), out + err)
 
     def write_file(self, request, data):
         if self.spare is not None:  # it restored the state before this write: not to be used
@@ -382,12 +387,11 @@ class Supervisor:
             os.makedirs(parent, exist_ok=True)
         with open(path, "ab" if request.get("append") else "wb") as f:
             f.write(data)
-        self.send({"op": "result", "id": request["id"], "exit": 0, "timed_out": False, "cancelled": False,
-                   "out": 0, "err": 0, "dropped": 0, "seconds": 0.0})
+        self.send_line(request["id"], 0, False, False, b"", b"", 0, 0.0)
 
     # -- plumbing ----------------------------------------------------------------------------------------------
-    def send(self, header, payload=b""):
-        self.out.write(json.dumps(header).encode() + b"\n" + payload)
+    def send(self, line, payload=b""):
+        self.out.write(line.encode() + b"\n" + payload)
         self.out.flush()
 
     def kill_group(self, pgid):
@@ -395,6 +399,19 @@ class Supervisor:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _find(program):
+    for directory in os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep) + ["/usr/bin", "/bin"]:
+        path = os.path.join(directory, program)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
+def _quote(value):
+    """A shell word that is exactly `value` (single quotes; each ' as '\\'')."""
+    return "'" + value.replace("'", "'\\''") + "'"
 
 
 def _exit_code(status):
