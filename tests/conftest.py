@@ -11,8 +11,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # leak checks below see only this session's sandboxes even when another run shares the machine.
 os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-"))
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
-# What a local sandbox runs on the host: its commands' bwrap, and the process holding its overlay's mount namespace.
-SANDBOX_PROCESSES = ("bwrap", "uni-agent-mounts")
+# What a local sandbox runs on the host: its bwrap (the supervisor and the commands run inside it).
+SANDBOX_PROCESSES = ("bwrap",)
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def dask_client(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_leftover_sandboxes(tmp_path_factory):
-    """After every test: no sandbox dir, mount, bwrap or mount-holder process of this session is left behind.
+    """After every test: no sandbox dir, mount or bwrap process of this session is left behind.
 
     Sandboxes of this session live under its sandbox root or, for tests that point the root elsewhere, under
     pytest's base temp dir; processes of other test runs on the machine are not counted. Sandboxes close in worker

@@ -231,7 +231,7 @@ def test_cancelled_exec_kills_the_command_inside_the_container(image: str, repo:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # Killing `podman exec` alone would leave the sleep running in the container.
+        # The supervisor killed it inside the container: the cancel reached it, not just the host's wait.
         assert wait_until_gone(processes_with(f"sleep\0{marker}".encode()), timeout=5) == []
         assert (await box.exec("echo next", 10)).stdout == b"next\n"
 

@@ -31,7 +31,7 @@ method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in
   the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
   fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
   (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = the
-  workers' RUSAGE_CHILDREN over LLM calls: the sandboxed commands (cgroup join, nsenter, bwrap, bash, the command)
+  workers' RUSAGE_CHILDREN over LLM calls: the sandboxes (bwrap, supervisor, each command's bash and the command)
   and git in sandbox start / patch collection; it misses what bwrap's pid-namespace init runs (reaped by no one we
   wait for). machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
   included, over LLM calls: what a turn costs this machine in all (not measured for the peer, whose imports would
@@ -239,7 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, help="record py-spy profiles (speedscope) of driver and workers here")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON here")
     parser.add_argument("--baseline", metavar="REF",
-                        help="also measure this earlier git commit (a temporary worktree), in the same invocation, and "
+                        help="also measure this earlier git commit (a temporary worktree; or a directory holding an "
+                        "exported tree), in the same invocation, and "
                         "print before/after tables: the sandbox alone, then the rollout sweep (peer off)")
     parser.add_argument("--sandbox-only", action="store_true",
                         help="only the sandbox figures (true round trip, machine CPU per command, memory per sandbox)")
@@ -280,7 +281,8 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
     trees: list[tuple[str, Path | None]] = [("now", baseline.THIS_TREE)]
     with contextlib.ExitStack() as stack:
         if args.baseline:
-            trees.insert(0, (f"before ({args.baseline[:10]})", stack.enter_context(baseline.worktree(args.baseline))))
+            label = f"before ({Path(args.baseline).name[:10]})"
+            trees.insert(0, (label, stack.enter_context(baseline.worktree(args.baseline))))
         echo(f"uni-agent bench, sandbox alone: {os.cpu_count()} CPUs, load average {load_average():.2f} at start; "
              f"{args.sandbox_commands} `true` calls in one live sandbox; memory = MemAvailable drop over 32 live "
              "sandboxes / 32; machine CPU = /proc/stat over the calls / calls")
