@@ -300,6 +300,25 @@ def test_swe_rebench_rows_images_install_config_and_bad_rows():
     assert "parse_log_pytest_v2" in problems[1].error
 
 
+def test_swe_gym_mypy_rows_select_the_cases_of_the_test_patch():
+    """SWE-Gym's harness runs python/mypy's data-driven cases named in the test patch (`-k "a or b"`)."""
+    from uni_agent.swebench.spec import eval_script
+
+    test_patch = ("diff --git a/test-data/unit/check-final.test b/test-data/unit/check-final.test\n"
+                  "--- a/test-data/unit/check-final.test\n+++ b/test-data/unit/check-final.test\n"
+                  "@@ -1,1 +1,5 @@\n [case testOld]\n+[case testFinalNew]\n+x = 1\n+[case testFinalOther]\n+y = 2\n")
+    raw = {"instance_id": "python__mypy-15000", "repo": "python/mypy", "version": "1.4", "base_commit": "a" * 40,
+           "patch": "diff --git a/mypy/a.py b/mypy/a.py\n--- a/mypy/a.py\n+++ b/mypy/a.py\n@@ -1 +1 @@\n-a\n+b\n",
+           "test_patch": test_patch, "problem_statement": "p", "FAIL_TO_PASS": ["mypy/test/testcheck.py::x"],
+           "PASS_TO_PASS": []}
+    specs = {"python/mypy": {"*": {"test_cmd": "pytest -n0 -rA -k", "log_parser": "parse_log_pytest"}}}
+    rows, problems = build_rows([raw], "docker", source="swe_gym", specs=specs)
+    assert problems == []
+    script = eval_script(rows[0]["extra_info"]["tools_kwargs"]["reward"]["metadata"])
+    # every case the diff names, context lines included, as SWE-Gym's harness finds them
+    assert '\npytest -n0 -rA -k "testOld or testFinalNew or testFinalOther"\n' in script
+
+
 def _register(monkeypatch, instance: dict, spec: dict) -> None:
     """Put a row's spec where swebench 4.1.0 looks (what SWE-rebench's and SWE-Gym's forks add)."""
     from swebench.harness import constants, log_parsers

@@ -202,7 +202,10 @@ def _gym_spec(instance: dict[str, str], specs: dict[str, Any] | None) -> str:
     repo, version = instance["repo"], instance["version"]
     by_version = (specs or {}).get(repo)
     if isinstance(by_version, dict) and (version in by_version or "*" in by_version):
-        return json.dumps(by_version.get(version, by_version.get("*")))
+        spec = dict(by_version.get(version, by_version.get("*")))
+        if repo == "python/mypy":  # SWE-Gym's harness runs mypy's cases named in the test patch, not test files
+            spec.setdefault("test_directives", "mypy_cases")
+        return json.dumps(spec)
     if version in MAP_REPO_VERSION_TO_SPECS.get(repo, {}):
         return ""
     raise ConfigError(f"repo/version {repo} {version}: no test spec (swebench 4.1.0's table does not have SWE-Gym's "

@@ -17,6 +17,7 @@ With a test patch that only modifies files, our script is byte-for-byte the offi
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -94,8 +95,6 @@ def test_files(test_patch: str) -> TestFiles:
     return TestFiles(modified=modified, added=[f for f in added if f not in modified])
 
 
-# Row-carried test specs (SWE-rebench's `install_config`, a SWE-Gym spec file): the keys the eval script uses.
-SPEC_KEYS = ("test_cmd", "install", "eval_commands", "log_parser", "pre_install")
 # SWE-rebench's harness prefixes its install and test commands with this locale (its load_swebench_dataset does).
 REBENCH_LOCALE = "LANG=C.UTF-8 LC_ALL=C.UTF-8 "
 
@@ -229,8 +228,10 @@ def eval_script_list(instance: Mapping[str, Any]) -> list[str]:
 def python_eval_script_list(instance: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     """swebench's Python eval script for a spec the package's table does not hold (SWE-rebench, SWE-Gym): the
     same commands in the same order as 4.1.0's make_eval_script_list_py, with the spec's own test_cmd, which is
-    what SWE-rebench's and SWE-Gym's harness forks run. tests/test_task_sources.py checks that this equals the
-    package's script for Verified rows given their table spec."""
+    what SWE-rebench's harness fork runs, and SWE-Gym's runs with older informational lines and without the output
+    markers (its grading parses the whole log with the same parsers and rule). A spec with `test_directives:
+    mypy_cases` selects python/mypy's cases named in the test patch (`-k "case1 or case2"`), as SWE-Gym's harness
+    does. tests/test_task_sources.py checks that this equals the package's script for Verified rows."""
     require_swebench()
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
     from swebench.harness.test_spec.python import get_test_directives
@@ -245,7 +246,11 @@ def python_eval_script_list(instance: Mapping[str, Any], spec: Mapping[str, Any]
                 "git status", "git show", f"git -c core.fileMode=false diff {base_commit}", *activate]
     if "install" in spec:
         commands.append(spec["install"])
-    test_command = " ".join([spec["test_cmd"], *get_test_directives(dict(instance))])
+    if spec.get("test_directives") == "mypy_cases":  # SWE-Gym's harness selects mypy's data-driven cases by name
+        cases = re.findall(r"\[case ([^\]]+)\]", test_patch)
+        test_command = f'{spec["test_cmd"]} "{" or ".join(cases)}"'
+    else:
+        test_command = " ".join([spec["test_cmd"], *get_test_directives(dict(instance))])
     return commands + [reset, f"git apply -v - <<'{delimiter}'\n{test_patch}\n{delimiter}",
                        f": '{START_TEST_OUTPUT}'", test_command, f": '{END_TEST_OUTPUT}'", reset]
 
