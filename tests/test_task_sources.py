@@ -488,3 +488,21 @@ def test_preprocessing_scripts(tmp_path, script, extra, written, skipped):
     assert f"wrote {written} instances to {out} ({skipped} malformed rows skipped)" in done.stdout
     assert len([line for line in done.stderr.splitlines() if line.startswith("skipped malformed row")]) == skipped
     assert {r["data_source"] for r in read_rows(out)} == {source}
+
+
+def test_mixed_sources_verify_gold_in_one_dask_run(tmp_path, rebench_task, dask_client):
+    """One real gold-check run (Dask LocalCluster, bubblewrap) over a file mixing a SWE-smith row, a SWE-rebench row,
+    a repository task and a Verified row whose repository is not on this machine: the first three resolve with their
+    own graders; the Verified one is an error of its own, and the run goes on."""
+    from uni_agent.verify_run import verify_all
+
+    convert(SMITH_LIKE, tmp_path / "local.parquet")
+    verified, _ = build_rows(read_instances(FIXTURES / "swebench" / "instances.jsonl"), "local")
+    rows = [_smith_rows()[0], rebench_task, *pq.read_table(tmp_path / "local.parquet").to_pylist(), verified[0]]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    outcome = verify_all(str(tmp_path / "mixed.parquet"), AGENT_CONFIG, patch="gold",
+                         output_dir=str(tmp_path / "gold"), scheduler_address=dask_client.scheduler.address,
+                         progress=False)
+    summary = outcome.summary
+    assert summary["resolved_ids"] == sorted(r["instance_id"] for r in rows[:3]), summary
+    assert summary["timeout_or_error_ids"] == [verified[0]["instance_id"]], summary
