@@ -29,7 +29,11 @@ class BaselineError(RuntimeError):
 
 @contextlib.contextmanager
 def worktree(ref: str) -> Iterator[Path]:
-    """A detached git worktree of `ref`, removed afterwards."""
+    """A detached git worktree of `ref`, removed afterwards; a directory holding an exported tree is used as it is
+    (for a machine the checkout reaches without its .git, e.g. `git archive REF | tar -x -C DIR`)."""
+    if Path(ref).is_dir():
+        yield Path(ref).resolve()
+        return
     if not (THIS_TREE / ".git").exists():
         raise BaselineError(f"--baseline needs a git checkout of uni-agent; {THIS_TREE} is not one")
     path = Path(tempfile.mkdtemp(prefix="uni-agent-baseline-"))
@@ -45,7 +49,8 @@ def worktree(ref: str) -> Iterator[Path]:
 
 
 def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, sandboxes: int) -> dict[str, Any]:

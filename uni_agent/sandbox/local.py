@@ -38,6 +38,7 @@ __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orp
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 STDERR_TAIL_BYTES = 4000
+CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
 
 
 def sandbox_root() -> Path:
@@ -192,9 +193,14 @@ class LocalSandbox(SessionSandbox):
     async def _teardown(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
+            # The session closed the supervisor's stdin: it ends its commands and exits, and bwrap with it. Waited
+            # for a moment (so the CPU it used is accounted to this process), then killed: bwrap's pid namespace
+            # goes with it, every process of the sandbox.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), CLOSE_GRACE_S)
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()  # bwrap's pid namespace goes with it: every process of the sandbox
+                    proc.kill()
             await proc.wait()
         await asyncio.to_thread(self.process_limit.remove)
         if self.dir is not None:
