@@ -12,10 +12,11 @@ import time
 
 import httpx
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import AGENT_CONFIG
+from conftest import AGENT_CONFIG, REPO_ROOT
 from uni_agent import AgentConfigs, run
 from uni_agent.llm import ChatClient, token_capture_for
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
@@ -54,6 +55,18 @@ def test_a_prompt_that_does_not_continue_the_sequence_is_drift_and_nothing_after
 def test_turn_tokens_refuse_misaligned_logprobs():
     with pytest.raises(ValueError, match="2 completion ids but 1 logprobs"):
         TurnTokens([1], [2, 3], [-0.1])
+
+
+def test_llama_server_logprobs_line_up_with_every_sampled_id():
+    """llama-server leaves out of logprobs.content a token that ends inside a multi-byte UTF-8 character (here the
+    first byte-token of an emoji, as it answered the real SmolLM2): that id gets NaN, every other id its own."""
+    from uni_agent.llm import _aligned_logprobs
+
+    ids = [17, 40303, 228, 2]
+    entries = [{"id": 17, "logprob": -1.0}, {"id": 228, "logprob": -0.5}, {"id": 2, "logprob": -0.25}]
+    assert np.array_equal(_aligned_logprobs(ids, entries), [-1.0, np.nan, -0.5, -0.25], equal_nan=True)
+    with pytest.raises(Exception, match="do not line up"):
+        _aligned_logprobs([17, 2], [{"id": 17, "logprob": -1.0}, {"id": 99, "logprob": -1.0}])
 
 
 def test_token_capture_follows_the_engine_unless_told():
@@ -144,7 +157,7 @@ def llama_server(tmp_path_factory):
 
 
 def _detokenize(url: str, ids: list[int]) -> str:
-    return httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=30).json()["content"]
+    return httpx.post(f"{url}/detokenize", json={"tokens": [int(t) for t in ids]}, timeout=30).json()["content"]
 
 
 def _special(url: str, text: str) -> list[int]:
@@ -162,7 +175,7 @@ async def _conversation(url: str, edit_before_third: bool):
         for turn in range(3):
             reply = await client.chat(messages)
             replies.append(reply)
-            messages.append({"role": "assistant", "content": reply.content})
+            messages.append({"role": "assistant", "content": reply.raw_text})  # as the agent loop keeps it
             messages.append({"role": "user", "content": f"Observation {turn}: the shell printed {turn * 7}."})
             if edit_before_third and turn == 1:
                 messages[3]["content"] = "Observation 0: EDITED after the model saw it."
@@ -171,6 +184,7 @@ async def _conversation(url: str, edit_before_third: bool):
     return messages, replies
 
 
+@pytest.mark.llm
 def test_real_server_ids_decode_to_the_messages_and_mask_and_logprobs_line_up(llama_server):
     messages, replies = asyncio.run(_conversation(llama_server, edit_before_third=False))
     end_of_turn = _special(llama_server, "<|im_end|>")
@@ -181,14 +195,17 @@ def test_real_server_ids_decode_to_the_messages_and_mask_and_logprobs_line_up(ll
         assert len(tokens.completion_ids) == reply.completion_tokens
         # The sampled ids are the text the assistant message holds (and the end-of-turn token the model sampled).
         sampled = tokens.completion_ids[:-1] if tokens.completion_ids[-1:] == end_of_turn else tokens.completion_ids
-        assert _detokenize(llama_server, sampled) == reply.content
-        assert all(lp <= 0 for lp in tokens.logprobs)
+        assert _detokenize(llama_server, sampled) == reply.raw_text
+        assert reply.content.strip() == reply.raw_text.strip()  # the server's parsed content: the same words
+        finite = [lp for lp in tokens.logprobs if lp == lp]  # NaN: a token ending inside a UTF-8 character
+        assert all(lp <= 0 for lp in finite) and len(finite) >= len(tokens.logprobs) // 2
     seq = build_sequence([r.tokens for r in replies])
     assert seq.drift is None, seq.drift
     assert len(seq.input_ids) == len(seq.loss_mask) == len(seq.logprobs)
     assert sum(seq.loss_mask) == sum(len(r.tokens.completion_ids) for r in replies)
     ids, mask, logprobs = map(np.array, (seq.input_ids, seq.loss_mask, seq.logprobs))
     assert (logprobs[mask == 0] == 0).all() and (logprobs[mask == 1] < 0).any()
+    assert np.isnan(logprobs).sum() == sum(np.isnan(r.tokens.logprobs).sum() for r in replies)
     # Each run of 1s is one reply, in order, and decodes to that assistant message; the 0s between are the rest.
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
     spans = [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2])]
@@ -197,6 +214,7 @@ def test_real_server_ids_decode_to_the_messages_and_mask_and_logprobs_line_up(ll
     assert "What is 2 + 2?" in _detokenize(llama_server, ids[mask == 0].tolist())
 
 
+@pytest.mark.llm
 def test_real_server_an_observation_edited_between_turns_is_caught_as_drift(llama_server):
     messages, replies = asyncio.run(_conversation(llama_server, edit_before_third=True))
     seq = build_sequence([r.tokens for r in replies])
@@ -206,6 +224,7 @@ def test_real_server_an_observation_edited_between_turns_is_caught_as_drift(llam
     assert "EDITED" in _detokenize(llama_server, seq.input_ids)
 
 
+@pytest.mark.llm
 def test_run_writes_token_columns_and_masks_rollouts_that_did_not_submit(llama_server, rows, tmp_path, dask_client):
     """A whole run on the real engine with mask_abnormal_exit_traj on and no `submit` tool: every rollout ends at
     max_turns, so every row is masked and says why, while its tokens are still there."""
@@ -222,13 +241,24 @@ def test_run_writes_token_columns_and_masks_rollouts_that_did_not_submit(llama_s
     for row in results.itertuples():
         assert row.exit_reason == "max_turns" and row.failure_kind == "model" and row.failure_cause == "max_turns"
         assert row.masked and row.mask_reason == "mask_abnormal_exit_traj: exit_reason max_turns"
-        assert row.token_source == "llama_server" and row.tokens_missing is None
+        assert row.token_source == "llama_server" and pd.isna(row.tokens_missing)
+        if not pd.isna(row.token_drift):  # a sampled split that re-tokenizes otherwise ("exec"+"ute" vs "execute")
+            assert json.loads(row.token_drift)["turn"] == 2
         assert len(row.input_ids) == len(row.loss_mask) == len(row.logprobs) > 0
         assert sum(row.loss_mask) == 0
         assert (np.asarray(row.logprobs) < 0).sum() > 0  # the sampled tokens' logprobs are kept
         replies = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
         text = _detokenize(llama_server, list(row.input_ids))
         assert all(reply in text for reply in replies)
+    # The README's loader gives padded arrays of these rows.
+    readme = (REPO_ROOT / "README.md").read_text()
+    snippet = readme.split("Loading a run's results into padded arrays", 1)[1].split("```python", 1)[1].split("```")[0]
+    namespace: dict = {}
+    exec(snippet.replace('"outputs/quickstart/results"', repr(str(tmp_path / "results"))), namespace)
+    width = max(len(ids) for ids in results.input_ids)
+    assert namespace["input_ids"].shape == namespace["loss_mask"].shape == namespace["old_logprobs"].shape == (2, width)
+    assert namespace["attention_mask"].sum() == sum(len(ids) for ids in results.input_ids)
+    assert namespace["loss_mask"].sum() == 0 and namespace["rewards"].shape == (2,)
     manifest = json.loads((tmp_path / "run.json").read_text())
     assert manifest["sessions"][0]["token_capture"] == "llama_server"
     assert manifest["model"]["sha256"] and len(manifest["model"]["sha256"]) == 64

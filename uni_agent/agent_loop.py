@@ -165,7 +165,10 @@ class UniAgentLoop:
             result.prompt_tokens += reply.prompt_tokens
             result.completion_tokens += reply.completion_tokens
             self._keep_tokens(reply, turn)
-            assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
+            # The conversation keeps what the model sampled, verbatim where the engine gives it (a server's chat parser
+            # may trim it): the next prompt then continues the tokens of this one (uni_agent.trajectory).
+            said = reply.raw_text if reply.raw_text is not None and not reply.tool_calls else reply.content
+            assistant: dict[str, Any] = {"role": "assistant", "content": said}
             if reply.tool_calls:
                 assistant["tool_calls"] = reply.tool_calls
             messages.append(assistant)

@@ -52,21 +52,26 @@ class ChatReply:
     tokens: TurnTokens | None = None
     tokens_missing: str | None = None  # why `tokens` is None when token capture was asked for
     token_source: str = ""  # the TOKEN_CAPTURE protocol asked for, "" when none
+    # llama_server: the text exactly as sampled, before the server's chat parsing (which trims whitespace and code
+    # fences from `content`); kept in the conversation, the next prompt then continues what the model produced
+    raw_text: str | None = None
 
 
 # How each engine gives a chat call's tokens (request fields looked up in the pinned versions' sources):
 # - vllm (0.33): `return_token_ids` adds the top-level `prompt_token_ids` and the choice's `token_ids`; `logprobs`
 #   with `top_logprobs: 0` gives each sampled token's logprob; `return_tokens_as_token_ids` names each logprob entry
 #   "token_id:N" (the ids again, for a server without `return_token_ids`).
-# - llama_server (llama.cpp's server as vendored in llama-cpp-python 0.3.36): `logprobs` with `top_logprobs: 1` gives
-#   each sampled token's id and logprob (choices[0].logprobs.content[i].id / .logprob); the prompt ids come from the
-#   same server: POST /apply-template with the same body renders the prompt exactly as /v1/chat/completions does, and
-#   POST /tokenize with add_special (as the completion path tokenizes) gives its ids, checked against usage.
+# - llama_server (llama.cpp's server as vendored in llama-cpp-python 0.3.36): `return_tokens` with `verbose` gives every
+#   sampled id (__verbose.tokens, the end-of-turn token included); `logprobs` with `top_logprobs: 1` gives id and
+#   logprob per token (choices[0].logprobs.content), except for a token that ends inside a multi-byte UTF-8 character
+#   (the server holds its text back, and its logprob with it): that token's logprob is NaN. The prompt ids come from
+#   the same server: POST /apply-template with the same body renders the prompt exactly as /v1/chat/completions does,
+#   and POST /tokenize with add_special (as the completion path tokenizes) gives its ids, checked against usage.
 # Both report logprobs of the model's own distribution, before temperature and top_p.
 TOKEN_CAPTURE = ("vllm", "llama_server")
 _TOKEN_FIELDS = {
     "vllm": {"logprobs": True, "top_logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True},
-    "llama_server": {"logprobs": True, "top_logprobs": 1},
+    "llama_server": {"logprobs": True, "top_logprobs": 1, "return_tokens": True, "verbose": True},
 }
 
 
@@ -156,7 +161,7 @@ class ChatClient:
         if self.token_capture:
             reply.token_source = self.token_capture
             try:
-                reply.tokens = await self._tokens(body, data)
+                reply.tokens, reply.raw_text = await self._tokens(body, data)
             except _NoTokens as exc:
                 reply.tokens_missing = f"{self.token_capture}: {exc}"
         return reply
@@ -164,28 +169,36 @@ class ChatClient:
     def _worth_retrying(self, exc: BaseException) -> bool:
         return isinstance(exc, TransientLLMError) and (self.retry_unreachable or not isinstance(exc, EndpointDownError))
 
-    async def _tokens(self, body: dict[str, Any], data: dict[str, Any]) -> TurnTokens:
+    async def _tokens(self, body: dict[str, Any], data: dict[str, Any]) -> tuple[TurnTokens, str | None]:
+        """The call's tokens, and the raw sampled text where the engine gives it."""
+        raw_text = None
         choice = data["choices"][0]
         entries = (choice.get("logprobs") or {}).get("content")
         if not isinstance(entries, list):
             raise _NoTokens("the answer has no logprobs.content")
         try:
-            logprobs = [float(e["logprob"]) for e in entries]
             if self.token_capture == "vllm":
+                logprobs = [float(e["logprob"]) for e in entries]
                 prompt = data.get("prompt_token_ids")
                 completion = choice.get("token_ids") or [int(e["token"].removeprefix("token_id:")) for e in entries]
                 if not isinstance(prompt, list):
                     raise _NoTokens("the answer has no prompt_token_ids (vLLM before return_token_ids)")
             else:
-                completion = [int(e["id"]) for e in entries]
+                verbose = data.get("__verbose") or {}
+                completion = verbose.get("tokens")
+                if not isinstance(completion, list):
+                    raise _NoTokens("the answer has no __verbose.tokens (a llama-server without return_tokens)")
+                logprobs = _aligned_logprobs(completion, entries)
                 prompt = await self._llama_server_prompt_ids(body)
             tokens = TurnTokens([int(t) for t in prompt], [int(t) for t in completion], logprobs)
+            if self.token_capture == "llama_server" and isinstance(verbose.get("content"), str):
+                raw_text = verbose["content"]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise _NoTokens(f"unreadable token fields ({type(exc).__name__}: {exc})") from None
         reported = (data.get("usage") or {}).get("prompt_tokens")
         if reported is not None and int(reported) != len(tokens.prompt_ids):
             raise _NoTokens(f"{len(tokens.prompt_ids)} prompt ids but the engine counted {reported}")
-        return tokens
+        return tokens, raw_text
 
     async def _llama_server_prompt_ids(self, body: dict[str, Any]) -> list[int]:
         root = self.base_url.removesuffix("/v1")
@@ -242,6 +255,21 @@ class ChatClient:
             latency_s=latency,
             raw_message=message,
         ), data
+
+
+def _aligned_logprobs(ids: list[int], entries: list[dict[str, Any]]) -> list[float]:
+    """One logprob per sampled id from llama-server's entries, which skip the ids that end inside a multi-byte UTF-8
+    character (NaN for those)."""
+    out, j = [], 0
+    for token in ids:
+        if j < len(entries) and int(entries[j]["id"]) == int(token):
+            out.append(float(entries[j]["logprob"]))
+            j += 1
+        else:
+            out.append(float("nan"))
+    if j != len(entries):
+        raise _NoTokens(f"the logprobs do not line up with the sampled ids ({j} of {len(entries)} matched)")
+    return out
 
 
 async def check_endpoint(base_url: str, api_key: str | None = None, timeout: float = 10) -> list[str]:

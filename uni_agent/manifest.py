@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from .redact import redact
 from .settings import REPO_ROOT, RunSettings
 
 log = structlog.get_logger("uni_agent.manifest")
@@ -55,7 +56,8 @@ class RunManifest:
             "model": model_info(settings),
         }
         session = {"started_at": _now(), "finished_at": None, "versions": versions(), "git": git_info(),
-                   "host": platform.node(), "python": sys.version.split()[0], "argv": sys.argv}
+                   "host": platform.node(), "python": sys.version.split()[0],
+                   "argv": [redact(arg) for arg in sys.argv]}  # a key given as --api-key is masked
         data = previous if previous.get("settings") else {"run_id": run_id, **current, "sessions": []}
         data["run_id"] = run_id
         if previous.get("settings"):

@@ -3,8 +3,8 @@
 Each call k gives the prompt ids P_k the engine saw and the completion ids C_k it sampled (with their logprobs). The
 sequence starts as P_1 + C_1; call k+1 continues it when P_{k+1} begins with the sequence so far, and only the new
 tail of P_{k+1} (the tool output, the next user message, the chat template's glue) is appended, then C_{k+1}.
-`loss_mask` is 1 on sampled tokens and 0 on everything else; `logprobs` holds each sampled token's logprob and 0.0
-elsewhere, so the three lists always have the same length.
+`loss_mask` is 1 on sampled tokens and 0 on everything else; `logprobs` holds each sampled token's logprob (NaN where
+the engine reported none) and 0.0 elsewhere, so the three lists always have the same length.
 
 When P_{k+1} does not begin with the sequence so far (a re-rendered message tokenizes differently, a template drops
 text, an observation was changed after the model saw it), re-tokenizing the messages would silently train on
