@@ -125,11 +125,26 @@ class ModalDeploymentConfig(DeploymentBase):
         return kwargs
 
 
+class MemoryDeploymentConfig(DeploymentBase):
+    """Not a sandbox: a stand-in for the data plane in `uni-agent bench --simulate` (uni_agent/sandbox/memory.py).
+    Every command takes `command_s` seconds and returns `output`; nothing runs. For measuring the control plane."""
+
+    type: Literal["memory"] = "memory"
+    workdir: str = "/testbed"
+    start_s: float = Field(default=0.0, ge=0)
+    """Seconds a start takes."""
+    command_s: float = Field(default=0.05, ge=0)
+    """Seconds every command takes."""
+    output: str = "ok\n"
+    """What every command prints (the patch command prints nothing)."""
+
+
 # One entry per backend.
 DeploymentConfig = Annotated[
-    LocalDeploymentConfig | ContainerDeploymentConfig | ModalDeploymentConfig, Field(discriminator="type")
+    LocalDeploymentConfig | ContainerDeploymentConfig | ModalDeploymentConfig | MemoryDeploymentConfig,
+    Field(discriminator="type"),
 ]
-DEPLOYMENT_TYPES = ("local", "docker", "podman", "modal")
+DEPLOYMENT_TYPES = ("local", "docker", "podman", "modal", "memory")
 
 
 class EnvConfig(StrictModel):

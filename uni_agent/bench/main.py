@@ -247,6 +247,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-image", default=None,
                         help="also measure the podman backend on this local image (e.g. the tests' image)")
     parser.add_argument("--sandbox-commands", type=int, default=500, help="`true` calls per sandbox figure")
+    sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
+    sim.add_argument("--simulate", action="store_true",
+                     help="real dask scheduler/worker/driver processes, events, page and Parquet; the sandbox is an "
+                     "in-memory stand-in (commands take --command-s, canned output) and the model an endpoint pool")
+    sim.add_argument("--in-flight", type=ints, default=None, help="rollouts in flight to sweep (default 1000)")
+    sim.add_argument("--command-s", type=float, default=0.05, help="seconds each stand-in command takes (0.05)")
+    sim.add_argument("--endpoint-processes", type=int, default=2, help="endpoint processes on one port (default 2)")
+    sim.add_argument("--faults", action="store_true",
+                     help="then, at the largest point: kill 2 workers and the driver once, resume, count rows")
 
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
@@ -263,12 +272,28 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.simulate:
+        return simulate(args)
     if args.baseline or args.sandbox_only:
         return compare_with_baseline(args)
     report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
     failed = [r for r in report["rows"] if r["system"] == "uni-agent" and r["ok"] != r["rollouts"]]
     return 1 if failed else 0
+
+
+def simulate(args: argparse.Namespace) -> int:
+    from .simulate import SimOptions, ok, run_simulation
+
+    options = SimOptions(in_flight=args.in_flight or [1000], workers=(args.workers or [2])[0],
+                         delay_s=args.delay_s if args.delay_s is not None else 20.0,
+                         turns=args.turns if args.turns is not None else 4, command_s=args.command_s,
+                         waves=args.waves or 1, endpoint_processes=args.endpoint_processes, faults=args.faults,
+                         out_dir=args.out, profile_dir=args.profile, json_path=args.json)
+    started = time.monotonic()
+    report = run_simulation(options, echo=lambda line: print(line, flush=True))
+    print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0 if ok(report) else 1
 
 
 def compare_with_baseline(args: argparse.Namespace) -> int:

@@ -20,6 +20,10 @@ def make_sandbox(deployment: DeploymentConfig, env_variables: dict[str, str], na
         from .modal import ModalSandbox
 
         return ModalSandbox(deployment, env_variables, name=name)
+    if deployment.type == "memory":  # the data plane's stand-in for `uni-agent bench --simulate`
+        from .memory import MemorySandbox
+
+        return MemorySandbox(deployment, env_variables, name=name)
     raise ValueError(f"unknown deployment type {deployment.type!r}")
 
 

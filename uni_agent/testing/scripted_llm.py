@@ -38,6 +38,21 @@ def tool_call_message(name: str, arguments: dict[str, Any], content: str = "") -
     }]}
 
 
+def chat_completion(reply: dict[str, Any], body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The OpenAI chat.completion answer carrying `reply`. Extra fields an engine adds (e.g. vLLM's token ids):
+    "_response", "_choice", "_usage" are merged into the answer, its choice and its usage."""
+    reply = dict(reply)
+    extra, choice_extra, usage_extra = (reply.pop(k, {}) for k in ("_response", "_choice", "_usage"))
+    finish = "tool_calls" if reply.get("tool_calls") else "stop"
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "message": reply, "finish_reason": finish, **choice_extra}],
+        "usage": {"prompt_tokens": sum(len(str(m.get("content", ""))) // 4 for m in body["messages"]),
+                  "completion_tokens": len(json.dumps(reply)) // 4, **usage_extra},
+        **extra,
+    }
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 4096  # listen backlog: the default (5) drops connects when hundreds of rollouts start at once
@@ -92,18 +107,7 @@ class ScriptedLLM:
                 if isinstance(reply, Fault):
                     self._send(reply.status, reply.body)
                     return
-                # Extra fields an engine adds (e.g. vLLM's token ids): "_response", "_choice", "_usage" are merged
-                # into the answer, its choice and its usage.
-                reply = dict(reply)
-                extra, choice_extra, usage_extra = (reply.pop(k, {}) for k in ("_response", "_choice", "_usage"))
-                finish = "tool_calls" if reply.get("tool_calls") else "stop"
-                self._send(200, json.dumps({
-                    "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "model": server.model,
-                    "choices": [{"index": 0, "message": reply, "finish_reason": finish, **choice_extra}],
-                    "usage": {"prompt_tokens": sum(len(str(m.get("content", ""))) // 4 for m in body["messages"]),
-                              "completion_tokens": len(json.dumps(reply)) // 4, **usage_extra},
-                    **extra,
-                }))
+                self._send(200, json.dumps(chat_completion(reply, body, server.model)))
 
         self._httpd = _Server((host, 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

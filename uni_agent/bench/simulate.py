@@ -1,0 +1,478 @@
+"""`uni-agent bench --simulate`: the control plane at thousands of rollouts in flight, the data plane stood in for.
+
+Real: a `dask scheduler` process (with the uni-agent page, preloaded), `dask worker` processes, the driver (`uni-agent
+run` as its own process, connected by scheduler file), AgentWorker actors, the agent loop, the LLM client, events,
+the page's state, Parquet, resume. Stood in for: the sandbox (deployment type `memory`: each command takes
+`command_s` and prints canned output, nothing runs) and the model (EndpointPool: processes answering after `delay_s`).
+Each point runs `waves x in_flight` rollouts with the agent's concurrency at `in_flight`.
+
+Per point it reports efficiency against the ideal makespan, rollouts/min, CPU and peak memory of the scheduler, the
+driver and each worker (psutil, sampled each second), events/s into the scheduler, the size and build time of the
+page's state (built in the scheduler, as its HTTP handler builds it), Parquet bytes/s and part files, and checks
+the results: every rollout recorded once. `--faults` kills 2 workers and then the driver during the first point and
+resumes the driver with the same output dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .endpoint_pool import EndpointPool
+from .measure import ensure_limits, load_average
+
+COMMAND = "echo hello && ls"
+N_PER_TASK = 4  # rollouts per task: in_flight x waves rollouts = tasks x 4
+
+
+@dataclass
+class SimOptions:
+    in_flight: list[int]
+    workers: int = 2
+    delay_s: float = 20.0
+    turns: int = 4
+    command_s: float = 0.05
+    waves: int = 1
+    endpoint_processes: int = 2
+    faults: bool = False
+    out_dir: Path | None = None
+    profile_dir: Path | None = None
+    json_path: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def ideal_makespan(options: SimOptions) -> float:
+    """One rollout: `turns + 1` model calls and `turns + 1` commands (each turn's, and the patch); rollouts run
+    `in_flight` at a time, so `waves` rollouts one after another."""
+    return options.waves * ((options.turns + 1) * options.delay_s + (options.turns + 1) * options.command_s)
+
+
+# -- the processes -------------------------------------------------------------------------------------------------
+
+
+class ProcessCluster:
+    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation."""
+
+    def __init__(self, workers: int, work_dir: Path, env: dict[str, str]):
+        self.n, self.dir, self.env = workers, work_dir, env
+        self.scheduler_file = work_dir / "scheduler.json"
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", "dask", *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def __enter__(self) -> ProcessCluster:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
+                    "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
+                    "--preload", "uni_agent.scheduler_preload")
+        _wait(lambda: self.scheduler_file.exists(), 60, "the dask scheduler did not write its scheduler file")
+        for i in range(self.n):
+            self._start(f"worker-{i}", "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
+                        "--nthreads", "2", "--resources", "SANDBOX=100000", "--memory-limit", "0",
+                        "--no-dashboard", "--name", f"sim-{i}")
+        from distributed import Client
+
+        self.client = Client(scheduler_file=str(self.scheduler_file), timeout=60)
+        self.client.wait_for_workers(self.n, timeout=120)
+        info = self.client.scheduler_info(n_workers=-1)
+        self.dashboard = f"http://127.0.0.1:{info['services']['dashboard']}"
+        pids = self.client.run(os.getpid)
+        self.worker_pids = {w["name"]: pids[address] for address, w in info["workers"].items()}
+        return self
+
+    def kill_worker(self, name: str) -> None:
+        """Worker and nanny both, at once (a node lost), so the nanny does not restart it."""
+        proc = self.procs[f"worker-{name.split('-')[-1]}"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+        for name, proc in reversed(list(self.procs.items())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _wait(ready, timeout: float, error: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(error)
+        time.sleep(0.1)
+
+
+class Sampler:
+    """CPU seconds and peak RSS of named processes (psutil, every `interval` s, in a thread), and of the page's
+    state: its size and build time inside the scheduler, and the events folded so far (run_on_scheduler)."""
+
+    def __init__(self, client: Any, dashboard: str, interval: float = 1.0):
+        import psutil
+
+        self.psutil, self.client, self.dashboard, self.interval = psutil, client, dashboard, interval
+        self.procs: dict[str, Any] = {}
+        self.cpu0: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.peak_rss: dict[str, int] = {}
+        self.page: list[dict[str, float]] = []  # one probe every few seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sim-sampler")
+
+    def watch(self, name: str, pid: int) -> None:
+        with contextlib.suppress(self.psutil.Error):
+            proc = self.psutil.Process(pid)
+            times = proc.cpu_times()
+            self.procs[name], self.cpu0[name] = proc, times.user + times.system
+            self.cpu.setdefault(name, 0.0)
+
+    def _sample(self) -> None:
+        for name, proc in list(self.procs.items()):
+            try:
+                times, rss = proc.cpu_times(), proc.memory_info().rss
+            except self.psutil.Error:  # gone (killed on purpose, or a driver that finished)
+                self.procs.pop(name)
+                continue
+            self.cpu[name] = times.user + times.system - self.cpu0[name]
+            self.peak_rss[name] = max(self.peak_rss.get(name, 0), rss)
+
+    def _loop(self) -> None:
+        probes = 0
+        while not self._stop.wait(self.interval):
+            self._sample()
+            probes += 1
+            if probes % 5 == 0:
+                with contextlib.suppress(Exception):
+                    self.page.append(self.probe())
+
+    def probe(self) -> dict[str, float]:
+        figures = self.client.run_on_scheduler(_page_probe)
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"{self.dashboard}/uni-agent/api/state.json", timeout=30) as response:
+            figures["http_bytes"] = len(response.read())
+        figures["http_ms"] = (time.perf_counter() - started) * 1000
+        figures["t"] = time.monotonic()
+        return figures
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def _page_probe(dask_scheduler: Any) -> dict[str, float]:
+    """In the scheduler: build the page's state as its handler does, and count the events folded so far."""
+    plugin = dask_scheduler.plugins.get("uni-agent-dashboard")
+    if plugin is None:
+        return {"events": 0, "state_bytes": 0, "build_ms": 0}
+    started = time.perf_counter()
+    body = plugin.state_json(None, 200)
+    return {"events": plugin.state.totals.events, "state_bytes": len(body),
+            "build_ms": (time.perf_counter() - started) * 1000, "rollouts_held": sum(
+                len(r.rollouts) for r in plugin.state.runs.values())}
+
+
+# -- one point -----------------------------------------------------------------------------------------------------
+
+
+def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, Path, int]:
+    """The rows (tasks x N_PER_TASK rollouts) and the agent config with the memory deployment."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    rollouts = in_flight * options.waves
+    tasks = math.ceil(rollouts / N_PER_TASK)
+    rows = [{"data_source": "simulate", "instance_id": f"sim-{i:06d}", "agent_name": "sim",
+             "prompt": json.dumps([{"role": "user", "content": f"Task {i}: run the command, then submit."}]),
+             "extra_info": json.dumps({"instance_id": f"sim-{i:06d}", "tools_kwargs": {}})} for i in range(tasks)]
+    data = out / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    agent = [{
+        "name": "sim", "_target_": "uni_agent.agent_loop.UniAgentLoop", "concurrency": in_flight,
+        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_parser": "hermes",
+                        "max_turns": options.turns + 1, "episode_timeout": 3600, "action_timeout": 60},
+        "env": {"deployment": {"type": "memory", "command_s": options.command_s, "startup_timeout": 60}},
+        "tools": [{"name": "execute_bash"}, {"name": "submit"}],
+        # a grader the rows pass validation with; verification is off (it is not the control plane's per-turn path)
+        "reward": {"name": "swe_local", "metadata": {"test_patch": "", "FAIL_TO_PASS": [], "PASS_TO_PASS": []}},
+    }]
+    config = out / "agents.yaml"
+    config.write_text(yaml.safe_dump(agent, sort_keys=False))
+    return data, config, tasks * N_PER_TASK
+
+
+def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, out: Path, workers: int,
+            env: dict[str, str], log_name: str) -> subprocess.Popen:
+    log = open(out / log_name, "w")  # noqa: SIM115 - closed with the process
+    argv = [str(Path(sys.executable).parent / "uni-agent"), "run", "--data-path", str(data), "--agent-config-path",
+            str(config), "--scheduler-file", str(cluster.scheduler_file), "--engine", "external", "--base-url",
+            endpoint, "--model", "scripted", "--n", str(N_PER_TASK), "--num-workers", str(workers), "--no-verify",
+            "--no-progress", "--output-dir", str(out / "run")]
+    if not Path(argv[0]).exists():
+        argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults: bool = False) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    data, config, rollouts = write_inputs(out, options, in_flight)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
+    row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers}
+    with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND) as endpoint, \
+            ProcessCluster(options.workers, out / "cluster", env) as cluster, \
+            Sampler(cluster.client, cluster.dashboard) as sampler, \
+            _profiles(cluster, options.profile_dir, f"c{in_flight}") as profile:
+        sampler.watch("scheduler", cluster.procs["scheduler"].pid)
+        for name, pid in cluster.worker_pids.items():
+            sampler.watch(name, pid)
+        for i, pid in enumerate(endpoint.pids):
+            sampler.watch(f"endpoint-{i}", pid)
+        events0 = cluster.client.run_on_scheduler(_page_probe)["events"]
+        started = time.monotonic()
+        driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
+        sampler.watch("driver", driver.pid)
+        profile(driver.pid, "driver")
+        fault_log: list[str] = []
+        if faults:
+            driver = _inject_faults(cluster, driver, options, data, config, endpoint.base_url, out, env, sampler,
+                                    fault_log, echo)
+        code = driver.wait()
+        wall = time.monotonic() - started
+        last = sampler.probe()
+    row["driver_exit"] = code
+    row["faults"] = fault_log
+    row["wall_s"] = wall  # from starting the driver process to its exit (imports, connecting, actor start included)
+    # The run itself, as the driver times it (rows read → last result written); a run with faults: the whole wall.
+    summary = out / "run" / "summary.json"
+    makespan = json.loads(summary.read_text())["wall_seconds"] if summary.exists() and not faults else wall
+    row["makespan_s"] = makespan
+    row["ideal_s"] = ideal_makespan(options)
+    row["efficiency"] = row["ideal_s"] / makespan
+    row["rollouts_per_min"] = rollouts / makespan * 60
+    makespan = wall  # CPU, events and bytes per second: over the whole time the processes worked
+    row["endpoint"] = endpoint.stats
+    cpu = sampler.cpu
+    row["cpu_s"] = dict(cpu)
+    row["peak_rss_mib"] = {k: v / 2**20 for k, v in sampler.peak_rss.items()}
+    row["scheduler_cores"] = cpu.get("scheduler", 0.0) / makespan
+    row["driver_cores"] = cpu.get("driver", 0.0) / makespan
+    workers = [k for k in cpu if k.startswith("sim-")]
+    row["worker_cores"] = {k: cpu[k] / makespan for k in workers}
+    row["events"] = last["events"] - events0
+    row["events_per_s"] = row["events"] / makespan
+    page = sampler.page + [last]
+    busiest = max(page, key=lambda p: p["build_ms"])
+    row["page_state_kb_max"] = max(p["state_bytes"] for p in page) / 1000
+    row["page_build_ms_max"] = busiest["build_ms"]
+    row["page_http_ms_max"] = max(p.get("http_ms", 0.0) for p in page)
+    row["page_rollouts_held"] = last.get("rollouts_held", 0)
+    results = out / "run" / "results"
+    parts = sorted(results.glob("part-*.parquet"))
+    row["part_files"] = len(parts)
+    row["parquet_bytes"] = sum(p.stat().st_size for p in parts)
+    row["parquet_bytes_per_s"] = row["parquet_bytes"] / makespan
+    table = pq.read_table(results, columns=["instance_id", "rollout", "exit_reason"]) if parts else None
+    keys = list(zip(table["instance_id"].to_pylist(), table["rollout"].to_pylist())) if table is not None else []
+    row["recorded"] = len(keys)
+    row["duplicates"] = len(keys) - len(set(keys))
+    row["lost"] = rollouts - len(set(keys))
+    row["submitted"] = table["exit_reason"].to_pylist().count("submitted") if table is not None else 0
+    return row
+
+
+def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: SimOptions, data: Path, config: Path,
+                   endpoint: str, out: Path, env: dict[str, str], sampler: Sampler, fault_log: list[str],
+                   echo) -> subprocess.Popen:  # noqa: ANN001
+    """Two workers lost at 30% of the ideal makespan, the driver killed at 60% and started again (resume)."""
+    ideal = ideal_makespan(options)
+    time.sleep(0.3 * ideal)
+    for name in sorted(cluster.worker_pids)[:2]:
+        cluster.kill_worker(name)
+        fault_log.append(f"killed worker {name} at {time.monotonic():.0f}")
+    echo(f"    fault: killed 2 of {options.workers} workers ({', '.join(sorted(cluster.worker_pids)[:2])})")
+    time.sleep(0.3 * ideal)
+    recorded = _rows_on_disk(out)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    echo(f"    fault: killed the driver ({recorded} rollouts on disk); starting it again on the same output dir")
+    fault_log.append(f"killed the driver with {recorded} rows on disk")
+    resumed = _driver(cluster, data, config, endpoint, out, options.workers, env, "driver-resumed.log")
+    sampler.watch("driver-resumed", resumed.pid)
+    return resumed
+
+
+def _rows_on_disk(out: Path) -> int:
+    import pyarrow.parquet as pq
+
+    parts = list((out / "run" / "results").glob("part-*.parquet"))
+    return sum(pq.read_metadata(p).num_rows for p in parts)
+
+
+@contextlib.contextmanager
+def _profiles(cluster: ProcessCluster, profile_dir: Path | None, name: str):
+    """py-spy on the scheduler and every worker from the start, and on the driver once it is started (yields
+    `add(pid, label)`); collapsed stacks (`--format raw`), one file per process."""
+    procs: list[subprocess.Popen] = []
+
+    def add(pid: int, label: str) -> None:
+        if profile_dir is None:
+            return
+        from .ours import _py_spy
+
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        procs.append(subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
+                                       "--format", "raw", "--output", str(profile_dir / f"{name}-{label}.txt")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    add(cluster.procs["scheduler"].pid, "scheduler")
+    for worker, pid in cluster.worker_pids.items():
+        add(pid, worker)
+    try:
+        yield add
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# -- the sweep -----------------------------------------------------------------------------------------------------
+
+COLUMNS = [("in flight", 9), ("ok/total", 13), ("makespan s", 10), ("ideal s", 7), ("eff", 5), ("rollouts/min", 12),
+           ("sched cores", 11), ("sched MiB", 9), ("driver cores", 12), ("driver MiB", 10), ("worker cores", 12),
+           ("worker MiB", 10), ("events/s", 8), ("page KB", 7), ("page ms", 7), ("pq KB/s", 7), ("parts", 5)]
+
+
+def table_line(row: dict[str, Any]) -> str:
+    workers = [k for k in row["worker_cores"]]
+    rss = row["peak_rss_mib"]
+    driver_mib = max([rss.get("driver", 0.0), rss.get("driver-resumed", 0.0)])
+    values = [row["in_flight"], f"{row['recorded'] - row['duplicates']}/{row['rollouts']}", f"{row['makespan_s']:.1f}",
+              f"{row['ideal_s']:.1f}", f"{row['efficiency']:.2f}", f"{row['rollouts_per_min']:.0f}",
+              f"{row['scheduler_cores']:.2f}", f"{rss.get('scheduler', 0):.0f}", f"{row['driver_cores']:.2f}",
+              f"{driver_mib:.0f}", "/".join(f"{row['worker_cores'][w]:.2f}" for w in workers),
+              "/".join(f"{rss.get(w, 0):.0f}" for w in workers), f"{row['events_per_s']:.0f}",
+              f"{row['page_state_kb_max']:.0f}", f"{row['page_build_ms_max']:.1f}",
+              f"{row['parquet_bytes_per_s'] / 1000:.1f}", row["part_files"]]
+    return " | ".join(str(v).rjust(width) for v, (_, width) in zip(values, COLUMNS, strict=True))
+
+
+def table_head() -> str:
+    head = " | ".join(name.rjust(width) for name, width in COLUMNS)
+    return f"{head}\n{'-' * len(head)}"
+
+
+GROWTH = [("scheduler CPU s", lambda r: r["cpu_s"].get("scheduler", 0.0)),
+          ("driver CPU s", lambda r: r["cpu_s"].get("driver", 0.0) + r["cpu_s"].get("driver-resumed", 0.0)),
+          ("workers CPU s", lambda r: sum(r["cpu_s"][w] for w in r["worker_cores"])),
+          ("scheduler peak MiB", lambda r: r["peak_rss_mib"].get("scheduler", 0.0)),
+          ("driver peak MiB", lambda r: r["peak_rss_mib"].get("driver", 0.0)),
+          ("workers peak MiB", lambda r: sum(r["peak_rss_mib"].get(w, 0.0) for w in r["worker_cores"])),
+          ("events", lambda r: r["events"]),
+          ("page state KB", lambda r: r["page_state_kb_max"]),
+          ("page build ms", lambda r: r["page_build_ms_max"]),
+          ("Parquet bytes", lambda r: r["parquet_bytes"])]
+
+
+def growth_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How each figure grows with the rollouts: the exponent k in figure ~ rollouts^k between the smallest and the
+    largest point (1 = linear; above 1 grows faster than linearly), and the figure per rollout at each point."""
+    rows = [r for r in rows if not r["faults"]]
+    if len(rows) < 2:
+        return []
+    small, large = rows[0], rows[-1]
+    scale = large["rollouts"] / small["rollouts"]
+    lines = [f"growth from {small['rollouts']} to {large['rollouts']} rollouts (x{scale:g}); k in figure ~ n^k:"]
+    for name, get in GROWTH:
+        a, b = get(small), get(large)
+        k = math.log(b / a) / math.log(scale) if a > 0 and b > 0 and scale > 1 else float("nan")
+        per = ", ".join(f"{get(r) / r['rollouts']:.4g}" for r in rows)
+        lines.append(f"  {name:>18}: k = {k:5.2f}   per rollout: {per}")
+    return lines
+
+
+def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
+    out = options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))
+    out.mkdir(parents=True, exist_ok=True)
+    notes = ensure_limits(max(options.in_flight) * 2, 1)  # the driver's and the workers' sockets, the endpoint's
+    echo(f"uni-agent bench --simulate: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
+         f"{load_average():.2f} at start")
+    echo(f"method: rollouts = {options.waves} x in-flight, each {options.turns} x execute_bash (the memory stand-in: "
+         f"{options.command_s * 1000:g} ms, canned output) then submit, every model call answered after "
+         f"{options.delay_s:g} s by {options.endpoint_processes} endpoint processes; real dask scheduler + "
+         f"{options.workers} dask worker processes, driver = `uni-agent run` process, verification off. ideal = "
+         "waves x (calls x delay + commands x command time); CPU = process user+system over the makespan (cores); "
+         "MiB = peak RSS; events/s = uni-agent events folded by the scheduler / makespan; page = state.json built "
+         "in the scheduler (max over probes every 5 s); pq = Parquet bytes written / makespan")
+    for note in notes:
+        echo(note)
+    echo(table_head())
+    rows = []
+    for i, in_flight in enumerate(options.in_flight):
+        row = run_point(options, in_flight, out / f"c{in_flight}", echo)
+        rows.append(row)
+        echo(table_line(row))
+        _check(row, echo)
+    if options.faults:
+        in_flight = options.in_flight[-1]
+        echo(f"faults at {in_flight} in flight: kill 2 of {options.workers} workers, then the driver (resume)")
+        row = run_point(options, in_flight, out / f"c{in_flight}-faults", echo, faults=True)
+        rows.append(row)
+        echo(table_line(row))
+        _check(row, echo)
+    for line in growth_lines(rows):
+        echo(line)
+    endpoint_late = max((r["endpoint"].get("late_max_s", 0.0) for r in rows), default=0.0)
+    echo(f"endpoint: latest reply {endpoint_late * 1000:.0f} ms after its delay (an endpoint that keeps up: near 0)")
+    report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()}, "rows": rows}
+    if options.json_path:
+        options.json_path.write_text(json.dumps(report, indent=1, default=str))
+    if options.out_dir is None:
+        shutil.rmtree(out, ignore_errors=True)
+    return report
+
+
+def _check(row: dict[str, Any], echo) -> None:  # noqa: ANN001
+    echo(f"    recorded {row['recorded']} rows for {row['rollouts']} rollouts: {row['lost']} lost, "
+         f"{row['duplicates']} duplicate keys, {row['submitted']} submitted; driver exit {row['driver_exit']}; "
+         f"page held {row['page_rollouts_held']} rollouts, largest state {row['page_state_kb_max']:.0f} KB built in "
+         f"{row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)")
+
+
+def ok(report: dict[str, Any]) -> bool:
+    return all(r["lost"] == 0 and r["duplicates"] == 0 and r["driver_exit"] == 0 for r in report["rows"])
