@@ -43,7 +43,7 @@ RUN_SCRIPT = r"""__ua_state=$UA_STATE; __ua_ctl=$UA_CTL; unset UA_STATE UA_CTL
 [ -f "$__ua_state/state.sh" ] && source "$__ua_state/state.sh" 2>/dev/null
 __ua_save_state() {
   local rc=$?
-  { export -p; printf 'cd -- %q\n' "$PWD"; echo '# uni-agent state end'; } > "$__ua_state/state.sh.new" 2>/dev/null
+  { export -p; printf 'cd -- %q\n' "$PWD"; echo '# uni-agent state end'; } 2>/dev/null >"$__ua_state/state.sh.new"
   return $rc
 }
 IFS= read -r __ua_go <&"$__ua_ctl" || exit 0
@@ -179,11 +179,15 @@ class Supervisor:
         payload = bytes(self.inbox[newline + 1:end])
         del self.inbox[:end]
         first, rest = payload[:sizes[0]], payload[sizes[0]:]
-        if op == "write":
-            request["path"] = first.decode()
-            self.write_file(request, rest)
-        else:
-            self.start(request, first, rest if stdin_size >= 0 else None)
+        try:
+            if op == "write":
+                request["path"] = first.decode()
+                self.write_file(request, rest)
+            else:
+                self.start(request, first, rest if stdin_size >= 0 else None)
+        except OSError as exc:  # a full disk, a state dir removed from inside: this request fails, not the sandbox
+            message = ("uni-agent supervisor: %s failed: %s\n" % (op, exc)).encode()
+            self.send_line(request_id, 126, False, False, message, b"", 0, 0.0)
         return True
 
     # -- commands ----------------------------------------------------------------------------------------------
