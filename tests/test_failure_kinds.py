@@ -227,3 +227,12 @@ def test_infra_failures_are_recorded_apart_and_retry_errors_reruns_exactly_them(
     assert {c["instance_id"] for c in configs} == {r["instance_id"] for r in chosen}
     assert all(c["agent"]["env"]["deployment"]["repo"] for c in configs)  # the row's tools_kwargs merged in
     assert manifest["sessions"][0]["token_capture"] is None  # external endpoint: off, said once
+
+
+def test_cli_flags_reach_the_settings():
+    from uni_agent.cli import build_parser, settings_from
+
+    settings = settings_from(build_parser().parse_args(["run", "--retry-errors", "--token-capture", "vllm"]))
+    assert settings.retry_errors is True and settings.token_capture == "vllm"
+    default = settings_from(build_parser().parse_args(["run"]))
+    assert default.retry_errors is False and default.token_capture == "auto"

@@ -262,3 +262,20 @@ def test_run_writes_token_columns_and_masks_rollouts_that_did_not_submit(llama_s
     manifest = json.loads((tmp_path / "run.json").read_text())
     assert manifest["sessions"][0]["token_capture"] == "llama_server"
     assert manifest["model"]["sha256"] and len(manifest["model"]["sha256"]) == 64
+
+
+def test_parquet_size_script_measures_both_schemas_of_the_same_rows(tmp_path):
+    import runpy
+
+    from uni_agent.results import ResultStore
+    from uni_agent.rollout import RolloutResult
+
+    store = ResultStore(tmp_path)
+    for i in range(4):
+        store.add(RolloutResult("r", f"t{i}", 0, "d", "a", "submitted", messages='[{"role": "user"}]',
+                                input_ids=list(range(500)), loss_mask=[0] * 250 + [1] * 250,
+                                logprobs=[0.0] * 250 + [-0.5] * 250))
+    store.flush()
+    sizes = runpy.run_path(str(REPO_ROOT / "examples" / "parquet_size.py"))["sizes"](tmp_path)
+    assert sizes["rollouts"] == 4 and sizes["mean_tokens_per_rollout"] == 500
+    assert sizes["after_bytes_per_rollout"] > sizes["before_bytes_per_rollout"] > 0
