@@ -24,6 +24,7 @@ from uni_agent.sandbox.local import sandbox_root
 from uni_agent.summary import summarize
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
+from uni_agent.verify import Verification
 
 STATEMENTS = {i["instance_id"]: i["problem_statement"].strip()
               for i in (json.loads(p.read_text()) for p in BUNDLED_DIR.glob("*/instance.json"))}
@@ -54,14 +55,18 @@ def _result(**fields) -> RolloutResult:
 ])
 def test_classification(fields, status, error, kind, cause):
     result = _result(**fields)
-    classify(result, status, error)
+    if status is not None:
+        result.record(Verification(status=status, error=error, resolved=status == "resolved",
+                                   reward=1.0 if status == "resolved" else 0.0))
+    classify(result)
     assert (result.failure_kind, result.failure_cause) == (kind, cause)
 
 
 def test_an_infra_failure_stays_infra_whatever_the_grade():
     result = _result(exit_reason="error")
     infra(result, "sandbox", "SandboxError: gone")
-    classify(result, "unresolved", None)
+    result.record(Verification(status="unresolved"))
+    classify(result)
     assert (result.failure_kind, result.failure_cause) == ("infra", "sandbox: SandboxError: gone")
 
 

@@ -105,7 +105,7 @@ class UniAgentLoop:
         result.messages = redact(json.dumps(messages, ensure_ascii=False))
         if result.error is not None:  # an endpoint's error body may echo the request's credentials
             result.error = redact(result.error)
-        classify(result)  # settled again once the grade is known (RolloutResult.record)
+        classify(result)  # settled again once the driver's verification is recorded (runner)
         if result.failure_cause is not None:
             result.failure_cause = redact(result.failure_cause)
         self._record_tokens(result)

@@ -3,11 +3,15 @@ wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader fa
 result: the summary counts it apart, and `--retry-errors` runs it again.
 
 The agent loop knows which part failed (it catches the exception) and calls `infra`; `classify` settles the rest
-once the reward is known."""
+from the episode's end and the verification recorded on the row (called again once the grade is known)."""
 
 from __future__ import annotations
 
-from .rollout import RolloutResult
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .rollout import RolloutResult
 
 
 def infra(result: RolloutResult, part: str, error: str) -> None:
@@ -15,11 +19,12 @@ def infra(result: RolloutResult, part: str, error: str) -> None:
     result.failure_kind, result.failure_cause = "infra", f"{part}: {error}"[:2000]
 
 
-def classify(result: RolloutResult, verification_status: str | None = None, verification_error: str | None = None
-             ) -> None:
+def classify(result: RolloutResult) -> None:
     """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
     if result.failure_kind == "infra":
         return
+    verification = json.loads(result.verification or "{}")  # "{}" until graded
+    verification_status, verification_error = verification.get("status"), verification.get("error")
     if result.exit_reason == "error":  # an error the loop did not attribute: the loop's own machinery failed
         infra(result, "agent", result.error or "the episode ended in an error")
         return

@@ -88,6 +88,3 @@ class RolloutResult:
         self.verification = verification.to_json()
         if verification.status in ("error", "timeout") and self.error is None:
             self.error = f"verification {verification.status}: {verification.error}"
-        from .failures import classify  # failures imports this module
-
-        classify(self, verification.status, verification.error)

@@ -30,6 +30,7 @@ from .dashboard import UniAgentDashboard, page_url
 from .dataset import RowProblem, build_specs, read_rows
 from .engines import start_engines
 from .events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
+from .failures import classify
 from .llm import token_capture_for
 from .logs import configure_logging
 from .manifest import RunManifest, engine_versions
@@ -423,6 +424,7 @@ class _Dispatcher:
         except Exception as exc:
             verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
         result.record(verification)
+        classify(result)  # a grader that could not run is an infra failure, a wrong answer the model's
 
 
 def _final_fields(result: RolloutResult) -> dict[str, Any]:
