@@ -307,7 +307,7 @@ def test_load_settings_names_the_field_and_the_file(settings_env: Path, monkeypa
     assert "turbo" in str(info.value) and str(settings_env) in str(info.value)
     settings_env.write_text("n: 2\n")
     monkeypatch.setenv("UNI_AGENT_N", "several")
-    with pytest.raises(ConfigError, match="n: "):
+    with pytest.raises(ConfigError, match="UNI_AGENT_N should be a valid integer"):  # named as the variable
         load_settings()
     assert load_settings(load_settings(n=5), max_turns=2).n == 5
 

@@ -11,21 +11,24 @@ from typing import Any
 
 from .config import ConfigError
 
-RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
+# Flags of both `run` and `verify`: which rows, which cluster, where results go.
+COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--data-path", {"help": "Parquet rows in the seed schema (default: the bundled tasks)"}),
     ("--agent-config-path", {"help": "agent config YAML"}),
-    ("--output-dir", {"help": "results, summary.json and logs go here; rerunning resumes"}),
+    ("--scheduler-address", {"help": "tcp://host:8786 of a running dask scheduler"}),
+    ("--scheduler-file", {"help": "scheduler file of a running dask scheduler"}),
+    ("--n-workers", {"type": int, "help": "LocalCluster worker processes"}),
+    ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
+]
+# Flags of `run` only: the agent, its model and its rollouts (verification grades a fixed patch, no model).
+RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--model-path", {"help": "GGUF file (llama_cpp) or model path (vllm)"}),
     ("--model", {"dest": "model_name", "help": "served model name (external: which model to call)"}),
     ("--engine", {"choices": ["llama_cpp", "external", "vllm"]}),
     ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
     ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
-    ("--scheduler-address", {"help": "tcp://host:8786 of a running dask scheduler"}),
-    ("--scheduler-file", {"help": "scheduler file of a running dask scheduler"}),
     ("--num-workers", {"type": int, "help": "agent-worker actors"}),
-    ("--n-workers", {"type": int, "help": "LocalCluster worker processes"}),
     ("--max-turns", {"type": int}),
-    ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
     ("--n", {"type": int, "help": "rollouts per task"}),
     ("--temperature", {"type": float}),
     ("--top-p", {"type": float}),
@@ -40,15 +43,29 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--token-capture", {"choices": ["auto", "off", "llama_server", "vllm"],
                          "help": "keep each call's token ids and logprobs (auto: by engine; external: off)"}),
 ]
+SWITCHES = {"verify": "--no-verify", "progress": "--no-progress", "retry_errors": "--retry-errors"}
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    for flag, kwargs in RUN_FLAGS:
+def add_run_flags(parser: argparse.ArgumentParser, verify: bool = False) -> None:
+    """The settings flags of `run`, or of `verify` (only those that apply to grading a fixed patch)."""
+    default_dir = "outputs/verify-<patch>" if verify else "outputs/run"
+    parser.add_argument("--output-dir", default=None,
+                        help=f"results, summary.json and logs go here; rerunning resumes (default: {default_dir})")
+    for flag, kwargs in COMMON_FLAGS if verify else COMMON_FLAGS + RUN_FLAGS:
         parser.add_argument(flag, default=None, **kwargs)
-    parser.add_argument("--no-verify", dest="verify", action="store_const", const=False, default=None)
-    parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
-    parser.add_argument("--retry-errors", dest="retry_errors", action="store_const", const=True, default=None,
-                        help="resuming: run again the rollouts whose failure_kind is infra (their rows replaced)")
+    if not verify:
+        parser.add_argument("--no-verify", dest="verify", action="store_const", const=False, default=None)
+        parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
+        parser.add_argument("--retry-errors", dest="retry_errors", action="store_const", const=True, default=None,
+                            help="resuming: run again the rollouts whose failure_kind is infra (their rows replaced)")
+
+
+def flag_names() -> dict[str, str]:
+    """Settings field -> the flag that sets it, so a bad value is reported by the flag the user typed."""
+    names = {"output_dir": "--output-dir", **SWITCHES}
+    for flag, kwargs in COMMON_FLAGS + RUN_FLAGS:
+        names[kwargs.get("dest", flag[2:].replace("-", "_"))] = flag
+    return names
 
 
 def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func")):
@@ -56,7 +73,7 @@ def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", 
     from .settings import load_settings
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in skip}
-    return load_settings(**given)
+    return load_settings(flags=flag_names(), **given)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -117,11 +134,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="uni-agent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser = sub.add_parser("run", help="run agent rollouts and verify them")
+    # No abbreviations: `verify --n 2` would be taken for --n-workers 2 without a word.
+    run_parser = sub.add_parser("run", help="run agent rollouts and verify them", allow_abbrev=False)
     add_run_flags(run_parser)
     run_parser.set_defaults(func=cmd_run)
-    verify_parser = sub.add_parser("verify", help="grade each task's gold (or an empty) patch")
-    add_run_flags(verify_parser)
+    verify_parser = sub.add_parser("verify", help="grade each task's gold (or an empty) patch", allow_abbrev=False)
+    add_run_flags(verify_parser, verify=True)
     verify_parser.add_argument("--patch", choices=["gold", "oracle", "empty"], default="gold",
                                help="gold/oracle: each task's reference solution (Terminal-Bench: solution/solve.sh)")
     verify_parser.set_defaults(func=cmd_verify)

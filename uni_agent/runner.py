@@ -29,9 +29,10 @@ from .config import AgentConfigs, ConfigError
 from .dashboard import UniAgentDashboard, page_url
 from .dataset import RowProblem, build_specs, read_rows
 from .engines import start_engines
-from .events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
+from .events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, rollout_event
 from .failures import classify
 from .llm import token_capture_for
+from .mailbox import Mailboxes
 from .logs import configure_logging
 from .manifest import RunManifest, engine_versions
 from .redact import redact, register_secret
@@ -94,9 +95,8 @@ async def run_async(
     scheduler_address: str | None = None,
 ) -> RunOutcome:
     started = time.monotonic()
-    output_dir = Path(settings.output_dir).expanduser().resolve()
+    output_dir = settings.output_path()
     log_dir = output_dir / "logs"
-    configure_logging(log_dir, "driver", settings.log_level)
     register_secret(settings.api_key_value())
     run_id = _run_id(output_dir)
 
@@ -110,9 +110,12 @@ async def run_async(
     specs, problems = build_specs(rows, agents, run_id, settings.n, source)
     for problem in problems:
         print(f"skipped: {problem.error}", file=sys.stderr)
-        log.error("row_rejected", row=problem.row_index, instance_id=problem.instance_id, error=problem.error)
     if not specs:
         raise ConfigError(f"{source}: no valid rows to run ({len(problems)} rejected)")
+    # Only a run that passed validation leaves logs/ and run.json (the manifest, below) behind.
+    configure_logging(log_dir, "driver", settings.log_level)
+    for problem in problems:
+        log.error("row_rejected", row=problem.row_index, instance_id=problem.instance_id, error=problem.error)
     manifest = RunManifest.begin(output_dir, run_id, settings, agents, source, rows, specs)  # run.json
     capture = token_capture_for(settings.token_capture, settings.engine)
     if (note := capture_note(capture, settings.engine)) is not None:
@@ -146,14 +149,11 @@ async def run_async(
 
 
 def _run_id(output_dir: Path) -> str:
-    """One run id per output dir, so a resumed run keeps its id."""
+    """One run id per output dir, so a resumed run keeps its id: the one in run.json, else a new one."""
     marker = output_dir / "run.json"
     if marker.exists():
         return json.loads(marker.read_text())["run_id"]
-    output_dir.mkdir(parents=True, exist_ok=True)
-    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    marker.write_text(json.dumps({"run_id": run_id}))
-    return run_id
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
 def _load_rows(data: Any, settings: RunSettings, output_dir: Path) -> tuple[list[dict[str, Any]], str]:
@@ -179,6 +179,7 @@ async def _cluster_client(settings: RunSettings, scheduler_address: str | None) 
 
             await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
                                    gpus=settings.nnodes * settings.n_gpus_per_node if settings.engine == "vllm" else 0)
+            _print_pages(client)
             yield client
         return
     async with contextlib.AsyncExitStack() as stack:
@@ -194,9 +195,19 @@ async def _cluster_client(settings: RunSettings, scheduler_address: str | None) 
                 cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", dashboard_address=":0",
                 resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
-        print(f"dask dashboard: {client.dashboard_link}", file=sys.stderr)
-        print(f"uni-agent page: {page_url(client.dashboard_link)}", file=sys.stderr)
+        _print_pages(client)
         yield client
+
+
+def _print_pages(client: Client) -> None:
+    """Where to watch: Dask's dashboard and the uni-agent page next to it (any scheduler: local, file, address)."""
+    link = client.dashboard_link
+    if not link:
+        print("uni-agent page: none (the scheduler serves no dashboard; start it without --no-dashboard)",
+              file=sys.stderr)
+        return
+    print(f"dask dashboard: {link}", file=sys.stderr)
+    print(f"uni-agent page: {page_url(link)}", file=sys.stderr)
 
 
 async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
@@ -341,6 +352,7 @@ class _Dispatcher:
         self.placement = placement
         self.progress = _Progress(settings.progress)
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
+        self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each (uni_agent.mailbox)
 
     async def _emit(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
         try:
@@ -349,14 +361,24 @@ class _Dispatcher:
         except Exception as exc:  # the dashboard is not worth a rollout
             log.warning("event_dropped", error=repr(exc))
 
+    async def _emit_queued(self, todo: list[RolloutSpec], batch: int = 1000) -> None:
+        """Every rollout's `queued`, a thousand to a message (one round trip to the scheduler per message)."""
+        for start in range(0, len(todo), batch):
+            events = [rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
+                                    max_turns=s.agent.interaction.max_turns) for s in todo[start:start + batch]]
+            try:
+                await self.client.log_event(TOPIC, batch_event(events))
+            except Exception as exc:  # the dashboard is not worth a rollout
+                log.warning("event_dropped", error=repr(exc))
+
     async def run(self, todo: list[RolloutSpec]) -> None:
         self.progress.start(len(todo))
-        for spec in todo:
-            await self._emit(spec, "queued", max_turns=spec.agent.interaction.max_turns)
+        await self._emit_queued(todo)
         try:
             await asyncio.gather(*(self._one(spec) for spec in todo))
         finally:
             self.progress.close()
+            await self.mailboxes.close()
         if self.not_run:
             raise AgentWorkersLost(
                 f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
@@ -392,7 +414,7 @@ class _Dispatcher:
             actor = min(self.pool.actors, key=lambda a: self.in_flight.get(id(a), 0))
             self.in_flight[id(actor)] = self.in_flight.get(id(actor), 0) + 1
             try:
-                return await actor.run_rollout(spec)
+                return await self.mailboxes.run(actor, spec)
             except Exception as exc:  # the actor or its worker failed, not the rollout: try another actor
                 last_error = redact(f"{type(exc).__name__}: {exc}")
                 log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout,

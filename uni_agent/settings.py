@@ -3,17 +3,30 @@ flags (passed as keyword arguments)."""
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from .config import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETTINGS_FILE = REPO_ROOT / "settings" / "default.yaml"
+ENV_PREFIX = "UNI_AGENT_"
+DEFAULT_RUN_OUTPUT_DIR = "outputs/run"  # when output_dir is null; verification uses outputs/verify-<patch>
+
+# UNI_AGENT_* variables that are not run settings: read elsewhere in the project (sandboxes, setup.sh, the SLURM
+# scripts, which export theirs into the driver's job). Any other UNI_AGENT_ variable is a typo and an error.
+OTHER_VARIABLES = frozenset({
+    "UNI_AGENT_SETTINGS_FILE", "UNI_AGENT_SANDBOX_ROOT", "UNI_AGENT_CACHE_DIR", "UNI_AGENT_PIDS_CGROUP",
+    "UNI_AGENT_LLAMA_DIR", "UNI_AGENT_SHARED", "UNI_AGENT_VENV", "UNI_AGENT_REPO", "UNI_AGENT_SCHEDULER_PORT",
+    "UNI_AGENT_DASHBOARD_HOST", "UNI_AGENT_DASHBOARD_PORT", "UNI_AGENT_GPUS_PER_NODE", "UNI_AGENT_SANDBOXES_PER_NODE",
+    "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
+})
 
 
 def settings_file() -> Path | None:
@@ -30,19 +43,19 @@ class RunSettings(BaseSettings):
     # Where and what
     data_path: str | None = None
     agent_config_path: str = str(REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml")
-    output_dir: str = "outputs/run"
-    n: int = 1
+    output_dir: str | None = None  # None: outputs/run for a run, outputs/verify-<patch> for verification
+    n: int = Field(1, ge=1)
     max_samples: int = -1
-    max_turns: int | None = None
+    max_turns: int | None = Field(None, ge=1)
 
     # Dask
     scheduler_address: str | None = None
     scheduler_file: str | None = None
-    n_workers: int = 2
-    threads_per_worker: int = 2
-    num_workers: int = 2
+    n_workers: int = Field(2, ge=1)
+    threads_per_worker: int = Field(2, ge=1)
+    num_workers: int = Field(2, ge=1)
     verify: bool = True
-    worker_wait_timeout: float = 300
+    worker_wait_timeout: float = Field(300, gt=0)
 
     # LLM engine
     engine: Literal["llama_cpp", "external", "vllm"] = "llama_cpp"
@@ -50,36 +63,43 @@ class RunSettings(BaseSettings):
     model_name: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
-    engine_replicas: int = 1
-    engine_threads: int | None = None
+    engine_replicas: int = Field(1, ge=1)
+    engine_threads: int | None = Field(None, ge=1)
     engine_device: Literal["auto", "cpu", "gpu"] = "auto"
     engine_parallel: int | None = Field(None, ge=1)
-    engine_start_timeout: float = 300
-    context_length: int = 8192
-    temperature: float = 0.8
-    top_p: float = 0.9
-    max_tokens: int = 512
-    llm_timeout: float = 600
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
-    tp: int = 1
+    engine_start_timeout: float = Field(300, gt=0)
+    context_length: int = Field(8192, ge=1)
+    temperature: float = Field(0.8, ge=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    max_tokens: int = Field(512, ge=1)
+    llm_timeout: float = Field(600, gt=0)
+    nnodes: int = Field(1, ge=1)
+    n_gpus_per_node: int = Field(8, ge=1)
+    tp: int = Field(1, ge=1)
     gpu_resource_name: str = "GPU"
     vllm_executable: str = "vllm"
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(None, ge=1)
     tool_call_parser: str = "hermes"
     vllm_extra_args: list[str] = Field(default_factory=list)
     engine_restart_on_crash: bool = False
-    engine_max_restarts: int = 3
+    engine_max_restarts: int = Field(3, ge=0)
 
     # Output
-    flush_every: int = 16
+    flush_every: int = Field(16, ge=1)
     log_level: str = "INFO"
     progress: bool = True
     retry_errors: bool = False  # a resumed run re-runs the rollouts whose failure_kind is infra, replacing their rows
     # Token-exact trajectories (uni_agent.llm.TOKEN_CAPTURE): auto = llama_server for llama_cpp, vllm for vllm, off for
     # an external endpoint (name its protocol to capture there)
     token_capture: Literal["auto", "off", "llama_server", "vllm"] = "auto"
+
+    @field_validator("max_samples")
+    @classmethod
+    def _all_or_some(cls, value: int) -> int:
+        if value == 0 or value < -1:  # 0 rows would be a run of nothing, reported as "no valid rows"
+            raise ValueError("must be -1 (every row) or >= 1")
+        return value
 
     @classmethod
     def settings_customise_sources(
@@ -102,14 +122,80 @@ class RunSettings(BaseSettings):
     def api_key_value(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key else None
 
+    def output_path(self, default: str = DEFAULT_RUN_OUTPUT_DIR) -> Path:
+        """output_dir, or `default` when none was set, as an absolute path."""
+        return Path(self.output_dir or default).expanduser().resolve()
 
-def load_settings(base: RunSettings | None = None, **overrides: Any) -> RunSettings:
-    """RunSettings from file, environment and `overrides`; a bad value is a ConfigError naming where it came from."""
+
+def load_settings(base: RunSettings | None = None, *, flags: Mapping[str, str] | None = None,
+                  **overrides: Any) -> RunSettings:
+    """RunSettings from file, environment and `overrides`, checked before anything starts: a bad value or an unknown
+    UNI_AGENT_* variable is a ConfigError naming where it came from. `flags` maps the fields given on the command
+    line to their flag (`{"n": "--n"}`), so errors name the flag; other overrides are named as keyword arguments."""
+    check_environment()
     if base is not None:
         overrides = {**base.model_dump(exclude_unset=True), **overrides}
     try:
         return RunSettings(**overrides)
     except ValidationError as exc:
-        lines = [f"invalid run settings (from CLI flags, UNI_AGENT_* variables or {settings_file()}):"]
-        lines += [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from None
+        lines = [_explain(error, overrides, flags or {}) for error in exc.errors()]
+        if len(lines) == 1:
+            raise ConfigError(lines[0]) from None
+        raise ConfigError("\n  ".join(["invalid run settings:", *lines])) from None
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """An unknown UNI_AGENT_* variable is an error naming the closest known one: a misspelled setting would otherwise
+    be ignored without a word (UNI_AGENT_MAX_SAMPLE=1 would run every task)."""
+    environ = os.environ if environ is None else environ
+    settings = {env_name(field) for field in RunSettings.model_fields}
+    known = settings | OTHER_VARIABLES
+    unknown = sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        # Compared without the common prefix, which would make every name look close.
+        close = difflib.get_close_matches(name.upper().removeprefix(ENV_PREFIX),
+                                          sorted(k.removeprefix(ENV_PREFIX) for k in known), n=1, cutoff=0.6)
+        hint = (f"did you mean {ENV_PREFIX}{close[0]}?" if close else
+                f"run settings are {ENV_PREFIX}<key> for the keys of {DEFAULT_SETTINGS_FILE.relative_to(REPO_ROOT)}")
+        lines.append(f"unknown environment variable {name} ({hint})")
+    raise ConfigError("\n".join(lines))
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _origin(field: str, overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
+    """Where the value of `field` came from, in the words the user wrote it: --flag, keyword, variable or file key.
+    The order is the precedence order: overrides, then the environment, then the settings file."""
+    if field in overrides:
+        return flags.get(field, field)
+    if any(k.upper() == env_name(field) for k in os.environ):
+        return env_name(field)
+    path = settings_file()
+    return f"{path}: {field}" if path else field
+
+
+def _explain(error: Mapping[str, Any], overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
+    """One pydantic error as `<where> <problem> (got <value>)`, e.g. `--n must be >= 1 (got 0)`."""
+    field = ".".join(map(str, error["loc"])) or "?"
+    top = str(error["loc"][0]) if error["loc"] else field
+    ctx = error.get("ctx") or {}
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(top, list(RunSettings.model_fields), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"{_origin(top, overrides, flags)}: unknown setting{hint}"
+    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+              "less_than": ("<", "lt")}
+    if kind in bounds:
+        sign, key = bounds[kind]
+        problem = f"must be {sign} {ctx[key]:g}"
+    else:
+        problem = error["msg"].removeprefix("Value error, ").removeprefix("Input ")  # "Input should be ..."
+        problem = problem[0].lower() + problem[1:] if problem else problem
+    got = "" if top == "api_key" else f" (got {error.get('input')!r})"  # a secret is never echoed
+    return f"{_origin(top, overrides, flags)} {problem}{got}"

@@ -3,8 +3,10 @@
 
 A sanity check of the tasks and the grader: gold/oracle should resolve every task, empty none. No LLM is involved.
 
-Results go to <output_dir>/verify_<patch>.parquet as they arrive (rewritten every few results), so a rerun with the
-same output dir resumes: instances already graded (resolved / wrong_answer) are kept and not run again; those that
+Results go to <output_dir>/verify_<patch>.parquet as they arrive (rewritten every few results), and the summary to
+<output_dir>/summary.json, with the reason of every timeout or error. The output dir defaults to outputs/verify-<patch>,
+one per patch kind, so a gold check and an empty check never overwrite each other. A rerun with the same output dir
+resumes: instances already graded (resolved / wrong_answer) are kept and not run again; those that
 timed out or errored are run again, as the official harness reruns instances that left no report."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pandas as pd
 from distributed import as_completed
@@ -28,6 +30,7 @@ from .verify import ReferenceKind, Verification, verify_reference
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet
+MAX_REASON_CHARS = 500  # of each error's reason in summary.json (the whole one is in the Parquet file)
 COLUMNS = ("instance_id", "patch_kind", "bucket", "status", "reward", "patch_applied", "verify_s", "error",
            "verification")
 
@@ -40,13 +43,15 @@ def _bucket(status: str) -> str:
 
 def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings | None = None,
                patch: ReferenceKind = "gold", **overrides: Any) -> RunOutcome:
+    if patch not in get_args(ReferenceKind):
+        raise ConfigError(f"patch={patch!r}: choose one of {', '.join(get_args(ReferenceKind))}")
     settings = load_settings(settings, **overrides)
     return asyncio.run(_verify_all(data, agent_config, settings, patch))
 
 
 async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch: str) -> RunOutcome:
     started = time.monotonic()
-    output_dir = Path(settings.output_dir).expanduser().resolve()
+    output_dir = settings.output_path(default_output_dir(patch))
     agents = agent_config if isinstance(agent_config, AgentConfigs) else AgentConfigs.load(
         resolve_path(agent_config or settings.agent_config_path))
     rows, source = _load_rows(data, settings, output_dir)
@@ -92,10 +97,28 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
         "avg_at_n": round(float(results["reward"].mean()), 4), "resolved": int(counts.get("resolved", 0)),
         **{f"{bucket}_ids": sorted(results.loc[results["bucket"] == bucket, "instance_id"]) for bucket in BUCKETS},
         "exit_reasons": {bucket: int(counts.get(bucket, 0)) for bucket in BUCKETS},
-        "rejected_rows": len(problems), "wall_seconds": round(time.monotonic() - started, 2),
+        "errors": _reasons(results), "rejected_rows": len(problems),
+        "wall_seconds": round(time.monotonic() - started, 2), "output_dir": str(output_dir), "results": str(path),
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary_path = output_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2))
+    print(f"verify {patch}: {summary['resolved']} of {len(specs)} resolved; results in {path}, summary in "
+          f"{summary_path}", file=sys.stderr)
     return RunOutcome(results, summary, problems)
+
+
+def default_output_dir(patch: str) -> str:
+    """One default dir per patch kind (outputs/verify-gold, outputs/verify-empty, ...), apart from a run's."""
+    return f"outputs/verify-{patch}"
+
+
+def _reasons(results: pd.DataFrame) -> dict[str, str]:
+    """instance_id -> why it timed out or errored (`status: error`), cut to MAX_REASON_CHARS with an ellipsis."""
+    reasons = {}
+    for row in results[results["bucket"] == "timeout_or_error"].itertuples():
+        reason = f"{row.status}: {row.error}" if isinstance(row.error, str) and row.error else str(row.status)
+        reasons[row.instance_id] = reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
+    return dict(sorted(reasons.items()))
 
 
 def _record(instance_id: str, patch: str, outcome: Verification) -> dict[str, Any]:
