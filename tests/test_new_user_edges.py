@@ -261,3 +261,19 @@ def test_tour_first_command_is_small_and_says_how_long():
     assert 1 <= args.max_samples * (args.n or 1) <= 6, "the first command runs a handful of rollouts"
     after = tour[tour.index("```", tour.index("```bash") + 3) + 3:][:600]
     assert re.search(r"took about \d+ (s|seconds|minutes?)", after), "the tour says how long its command took"
+
+
+# -- Terminal-Bench preprocessing: a skip reason cut short says so -----------------------------------------------------
+
+def test_terminal_bench_skip_reason_marks_the_cut(tmp_path, capsys):
+    from argparse import Namespace
+
+    from uni_agent.terminal_bench.preprocess import run_cli
+
+    args = Namespace(tasks_dir=None, local_save_dir=str(tmp_path), deployment="local", agent_name="swe_agent",
+                     build_images=False, build_arg=[], build_network=None, max_tasks=None)
+    assert run_cli(args) == 0
+    skipped = [line for line in capsys.readouterr().err.splitlines() if "use-installed-tool" in line]
+    run_line = "mkdir -p /opt/rot && printf '#!/bin/sh\\ntr \"A-Za-z\" \"N-ZA-Mn-za-m\"\\n' > /opt/rot/rot13"
+    assert skipped == [f"skipped task use-installed-tool: needs its image, the host cannot stand in for it "
+                       f"(environment/Dockerfile line 3: RUN {run_line[:59]}…); use --deployment podman"], skipped

@@ -192,6 +192,12 @@ def _substitute(value: str, variables: dict[str, str]) -> str:
     return _VAR.sub(lambda m: variables.get(m.group(1) or m.group(3), m.group(2) or ""), value)
 
 
+def _clipped(text: str, limit: int = 60) -> str:
+    """An instruction shortened for a message, with an ellipsis where it was cut (a reader must not take the cut
+    for the whole line)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _copy_args(rest: str) -> tuple[list[str], list[str]]:
     """(flags, paths) of a COPY/ADD: the JSON form or whitespace-separated words."""
     words: list[str]
@@ -281,11 +287,11 @@ def parse_dockerfile(path: Path) -> DockerfileInfo:
             if copy is None:
                 info.host_blockers.append(f"line {line}: COPY --from another image or stage")
             elif keyword == "ADD" and copy.sources:  # ADD of files/URLs (unpacks archives): needs the image
-                info.host_blockers.append(f"line {line}: ADD {rest[:60]}")
+                info.host_blockers.append(f"line {line}: ADD {_clipped(rest)}")
             else:
                 info.copies.append(copy)
         elif keyword in ("RUN", "ADD"):
-            info.host_blockers.append(f"line {line}: {keyword} {rest[:60]}")
+            info.host_blockers.append(f"line {line}: {keyword} {_clipped(rest)}")
         elif keyword not in METADATA_ONLY:
             raise ConfigError(f"{path}:{line}: unknown Dockerfile instruction {keyword!r}")
     if info.workdir is None:
