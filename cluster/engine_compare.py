@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +30,9 @@ AGENT_CONFIG = REPO / "examples" / "agent_interaction" / "agent_config_local.yam
 
 
 def gpu_memory_mib() -> int:
+    """GPU memory in use on the machine (0 where there is no nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=30).stdout
     return sum(int(x) for x in out.split() if x.strip().isdigit())
@@ -89,25 +94,41 @@ def one_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
         idle = gpu_memory_mib()
         sampler.start()
         started = time.monotonic()
+        partial = False
         with open(work / "driver.log", "wb") as driver_log:
-            code = subprocess.run(command, stdout=driver_log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
-                                  ).returncode
+            # Results are flushed in parts of 4, so a run stopped at --time-limit still counts what it finished.
+            driver = subprocess.Popen(command, stdout=driver_log, stderr=subprocess.STDOUT, env={
+                **os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "UNI_AGENT_FLUSH_EVERY": "4"})
+            try:
+                code = driver.wait(args.time_limit or None)
+            except subprocess.TimeoutExpired:
+                partial = True
+                driver.send_signal(signal.SIGINT)
+                try:
+                    code = driver.wait(30)
+                except subprocess.TimeoutExpired:
+                    driver.kill()
+                    code = driver.wait()
         wall = time.monotonic() - started
         sampler.done.set()
-        if code != 0:
+        results_dir = work / "run" / "results"
+        if (code != 0 and not partial) or not results_dir.exists():
             tail = (work / "driver.log").read_text(errors="replace")[-3000:]
             return {"mode": mode, "error": f"parallel_infer exited {code}", "log_tail": tail}
-        summary = json.loads((work / "run" / "summary.json").read_text())
-        results = pd.read_parquet(work / "run" / "results")
+        results = pd.read_parquet(results_dir)
+        if results.empty:
+            return {"mode": mode, "rollouts": 0, "partial": partial, "command_s": round(wall, 1)}
+        summary_file = work / "run" / "summary.json"
+        summary = json.loads(summary_file.read_text()) if not partial and summary_file.exists() else {}
+        run_s = summary.get("wall_seconds") or wall
         return {
-            "mode": mode, "rollouts": len(results), "command_s": round(wall, 1),
-            "run_s": summary.get("wall_seconds"), "rollouts_per_min": summary.get("rollouts_per_minute"),
+            "mode": mode, "rollouts": len(results), "partial": partial, "command_s": round(wall, 1),
+            "run_s": round(run_s, 1), "rollouts_per_min": round(len(results) / run_s * 60, 2),
             "completion_tokens": int(results.completion_tokens.sum()),
-            "tokens_per_s": round(float(results.completion_tokens.sum()) / summary["wall_seconds"], 1),
+            "tokens_per_s": round(float(results.completion_tokens.sum()) / run_s, 1),
             "llm_s_per_turn": round(float(results.llm_s.sum() / max(1, results.num_turns.sum())), 2),
             "gpu_mem_peak_mib": sampler.peak, "gpu_mem_idle_mib": idle,
-            "exit_reasons": summary.get("exit_reasons"), "errors": summary.get("errors"),
+            "exit_reasons": results.exit_reason.value_counts().to_dict(), "errors": int(results.error.notna().sum()),
         }
     finally:
         for proc in reversed(procs):
@@ -125,6 +146,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-samples", type=int, default=0)
     parser.add_argument("--sandbox-threads", type=int, default=8)
+    parser.add_argument("--time-limit", type=float, default=0, help="stop a mode's run after this many seconds "
+                        "and count the rollouts it finished (0: no limit)")
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--modes", default="gpu,cpu")
     parser.add_argument("--out", type=Path, default=Path("outputs/engine-compare"))

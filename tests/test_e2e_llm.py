@@ -37,5 +37,5 @@ def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["num_rollouts"] == 3 and summary["n"] == 1
     log = (tmp_path / "logs" / "engine-0.log").read_text()
-    assert "server is listening" in log and "n_slots = 8" in log, log[-2000:]
+    assert "listening on http" in log and "n_slots = 8" in log, log[-2000:]
     assert not _llama_servers(), "the engine process outlived the run"

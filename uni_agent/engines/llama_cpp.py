@@ -34,6 +34,9 @@ log = structlog.get_logger("uni_agent.engines.llama_cpp")
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_SLOTS = {"cpu": 8, "cuda": 128}  # the quickstart's concurrency on a CPU; a GPU batches far more per step
+# SERVER_ENV_WHY: the server's OpenMP threads wait for work by spinning; when the cores are shared (sandboxes, tests,
+# agent workers on the same 2 cores) a spinning thread holds a core its partner needs, and 8-slot decoding fell from
+# 35 to 4-6 tokens/s (measured on 2 busy cores). Passive waiting sleeps instead.
 CACHE_RAM_MIB = 1024  # saved slot prompts; bounded so a long run cannot grow the server (SmolLM2: ~23 kB per token)
 
 
@@ -85,8 +88,10 @@ class LlamaServer(ServerActor):
     def __init__(self, model_path: str, model_name: str, *, variant: str, slots: int, context_length: int,
                  threads: int, log_path: str, cuda_visible_devices: str | None = None):
         devices = f", GPUs {cuda_visible_devices}" if cuda_visible_devices is not None else ""
-        super().__init__(f"llama-server ({model_name}, {variant}{devices})", log_path,
-                         env={"CUDA_VISIBLE_DEVICES": cuda_visible_devices} if cuda_visible_devices is not None else {})
+        env = {"OMP_WAIT_POLICY": "PASSIVE"}  # see SERVER_ENV_WHY
+        if cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        super().__init__(f"llama-server ({model_name}, {variant}{devices})", log_path, env=env)
         self.model_path, self.model_name, self.variant = model_path, model_name, variant
         self.slots, self.context_length, self.threads = slots, context_length, threads
         self.cuda_visible_devices = cuda_visible_devices
