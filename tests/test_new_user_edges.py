@@ -260,7 +260,7 @@ def test_tour_first_command_is_small_and_says_how_long():
     assert args.data_path is None or Path(REPO_ROOT / args.data_path).exists(), "the tour's data must exist"
     assert 1 <= args.max_samples * (args.n or 1) <= 6, "the first command runs a handful of rollouts"
     after = tour[tour.index("```", tour.index("```bash") + 3) + 3:][:600]
-    assert re.search(r"took about \d+ (s|seconds|minutes?)", after), "the tour says how long its command took"
+    assert re.search(r"took about\s+\d+\s+(s|seconds|minutes?)", after), "the tour says how long its command took"
 
 
 # -- Terminal-Bench preprocessing: a skip reason cut short says so -----------------------------------------------------
