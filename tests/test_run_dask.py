@@ -11,6 +11,7 @@ import pytest
 
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
+from uni_agent.events import unbatch
 from uni_agent.llm import LLMError
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
@@ -73,7 +74,8 @@ def test_solver_resolves_tasks_and_results_are_written(rows, tmp_path, dask_clie
     finished = [e for e in log_lines if e["event"] == "rollout_finished"]
     assert len(finished) == 8 and all({"run_id", "instance_id", "rollout"} <= set(e) for e in finished)
     # Every rollout's state changes reached the scheduler, in order.
-    events = [msg for _, msg in dask_client.get_events("uni-agent") if msg.get("run_id") == summary["run_id"]]
+    events = [e for _, msg in dask_client.get_events("uni-agent") for e in unbatch(msg)
+              if e.get("run_id") == summary["run_id"]]
     for instance_id, rollout in zip(results.instance_id, results.rollout):
         states = [e["state"] for e in events if (e["instance_id"], e["rollout"]) == (instance_id, rollout)]
         assert states == ["queued", "starting_sandbox", "running", "running", "running", "running", "verifying",

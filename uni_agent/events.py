@@ -27,6 +27,19 @@ def rollout_event(run_id: str, instance_id: str, rollout: int, state: str, **fie
             "t": time.time(), **fields}
 
 
+def batch_event(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Many events as one message: the driver queues a whole run at its start in a few round trips to the
+    scheduler instead of one per rollout (20,000 sequential round trips held every rollout back for seconds)."""
+    return {"kind": "batch", "events": events}
+
+
+def unbatch(msg: Any) -> list[Any]:
+    """The events one logged message carries: a batch's events, else the message itself."""
+    if isinstance(msg, dict) and msg.get("kind") == "batch" and isinstance(msg.get("events"), list | tuple):
+        return list(msg["events"])  # msgpack may hand a list over as a tuple
+    return [msg]
+
+
 def no_emit(_: dict[str, Any]) -> None:
     return None
 

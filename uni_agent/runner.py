@@ -29,9 +29,10 @@ from .config import AgentConfigs, ConfigError
 from .dashboard import UniAgentDashboard, page_url
 from .dataset import RowProblem, build_specs, read_rows
 from .engines import start_engines
-from .events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
+from .events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, rollout_event
 from .failures import classify
 from .llm import token_capture_for
+from .mailbox import Mailboxes
 from .logs import configure_logging
 from .manifest import RunManifest, engine_versions
 from .redact import redact, register_secret
@@ -351,6 +352,7 @@ class _Dispatcher:
         self.placement = placement
         self.progress = _Progress(settings.progress)
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
+        self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each (uni_agent.mailbox)
 
     async def _emit(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
         try:
@@ -359,14 +361,24 @@ class _Dispatcher:
         except Exception as exc:  # the dashboard is not worth a rollout
             log.warning("event_dropped", error=repr(exc))
 
+    async def _emit_queued(self, todo: list[RolloutSpec], batch: int = 1000) -> None:
+        """Every rollout's `queued`, a thousand to a message (one round trip to the scheduler per message)."""
+        for start in range(0, len(todo), batch):
+            events = [rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
+                                    max_turns=s.agent.interaction.max_turns) for s in todo[start:start + batch]]
+            try:
+                await self.client.log_event(TOPIC, batch_event(events))
+            except Exception as exc:  # the dashboard is not worth a rollout
+                log.warning("event_dropped", error=repr(exc))
+
     async def run(self, todo: list[RolloutSpec]) -> None:
         self.progress.start(len(todo))
-        for spec in todo:
-            await self._emit(spec, "queued", max_turns=spec.agent.interaction.max_turns)
+        await self._emit_queued(todo)
         try:
             await asyncio.gather(*(self._one(spec) for spec in todo))
         finally:
             self.progress.close()
+            await self.mailboxes.close()
         if self.not_run:
             raise AgentWorkersLost(
                 f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
@@ -402,7 +414,7 @@ class _Dispatcher:
             actor = min(self.pool.actors, key=lambda a: self.in_flight.get(id(a), 0))
             self.in_flight[id(actor)] = self.in_flight.get(id(actor), 0) + 1
             try:
-                return await actor.run_rollout(spec)
+                return await self.mailboxes.run(actor, spec)
             except Exception as exc:  # the actor or its worker failed, not the rollout: try another actor
                 last_error = redact(f"{type(exc).__name__}: {exc}")
                 log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout,

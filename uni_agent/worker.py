@@ -8,6 +8,7 @@ rollout keeps that replica for all its turns, which keeps the server's prefix ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import os
@@ -25,6 +26,7 @@ from .redact import register_secret
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
+ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.mailbox polls every 2 s)
 
 
 class AgentWorker:
@@ -43,6 +45,12 @@ class AgentWorker:
         self.in_flight = 0
         self.address = _worker_address()
         self.emit = worker_emitter()
+        # Rollouts handed over in batches (uni_agent.mailbox): finished ones wait here for the driver's collect.
+        self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
+        self._finished_event = asyncio.Event()
+        self._running: set[asyncio.Task] = set()
+        self._last_collect = time.monotonic()
+        self._watch: asyncio.Task | None = None
 
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
         use_pidfd_child_watcher()
@@ -58,7 +66,52 @@ class AgentWorker:
             _save_trajectory(spec.agent.log_dir, result)
         return result
 
+    async def start_rollouts(self, specs: list[RolloutSpec]) -> int:
+        """Start each rollout as a task on this worker's loop and return at once; `collect` returns the results."""
+        self._last_collect = time.monotonic()
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(self._cancel_orphans())
+        for spec in specs:
+            task = asyncio.ensure_future(self._run_to_collect(spec))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        return len(specs)
+
+    async def _run_to_collect(self, spec: RolloutSpec) -> None:
+        try:
+            done: tuple[Any, ...] = (spec.key, await self.run_rollout(spec), None)
+        except Exception as exc:  # reaches the driver as this rollout's failed actor call
+            done = (spec.key, None, f"{type(exc).__name__}: {exc}")
+        self._finished.append(done)
+        self._finished_event.set()
+
+    async def _cancel_orphans(self) -> None:
+        """A driver that died leaves its rollouts running here (Dask drops the actor, not its tasks): when no one has
+        collected for ORPHAN_AFTER_S, they are cancelled, which closes their sandboxes. A live driver collects every
+        few seconds; a resumed driver runs them again."""
+        while True:
+            await asyncio.sleep(ORPHAN_AFTER_S / 4)
+            if self._running and time.monotonic() - self._last_collect > ORPHAN_AFTER_S:
+                log.warning("driver_gone", cancelled=len(self._running), seconds=ORPHAN_AFTER_S)
+                for task in list(self._running):
+                    task.cancel()
+                self._finished.clear()
+
+    async def collect(self, wait: float) -> list[tuple[tuple[str, int], RolloutResult | None, str | None]]:
+        """The rollouts finished since the last call; waits up to `wait` seconds for one when there is none."""
+        self._last_collect = time.monotonic()
+        if not self._finished:
+            self._finished_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished_event.wait(), wait)
+        finished, self._finished = self._finished, []
+        return finished
+
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        for task in list(self._running):  # rollouts whose driver is gone: their sandboxes close on cancellation
+            task.cancel()
         for client in self.clients.values():
             await client.aclose()
 

@@ -12,12 +12,13 @@ queues it again), drops exact duplicates, and treats done/failed as final.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import STATES
+from ..events import STATES, unbatch
 
 TERMINAL = frozenset({"done", "failed"})
 IN_SANDBOX = frozenset({"starting_sandbox", "running"})  # load on the rollout's agent worker
@@ -151,7 +152,14 @@ class DashboardState:
     # -- folding -------------------------------------------------------------------------------------------------
 
     def apply(self, msg: Any) -> bool:
-        """Fold one event; False when it was ignored (not a rollout event, malformed, stale or a duplicate)."""
+        """Fold one event, or each event of a batch (uni_agent.events.batch_event); False when it was ignored (not a
+        rollout event, malformed, stale or a duplicate; a batch: when all of its events were)."""
+        events = unbatch(msg)
+        if len(events) != 1 or events[0] is not msg:
+            return sum(self._apply_one(m) for m in events) > 0
+        return self._apply_one(msg)
+
+    def _apply_one(self, msg: Any) -> bool:
         self.totals.events += 1
         parsed = _parse(msg)
         if parsed is None:
@@ -291,7 +299,8 @@ class DashboardState:
         eta = remaining / per_min_recent * 60 if remaining and per_min_recent else (0.0 if not remaining else None)
         starts = run.sorted_sandbox_starts()
         rows = lambda keys: [run.rollouts[k].row() for k in reversed(keys) if k in run.rollouts][:limit]  # noqa: E731
-        active = sorted(run.active.values(), key=lambda r: (RANK[r.state], r.first_t))
+        # The first `limit` of the active rollouts without sorting them all (20,000 in flight: n log limit).
+        active = heapq.nsmallest(limit, run.active.values(), key=lambda r: (RANK[r.state], r.first_t))
         return {
             **base,
             "run_id": run.run_id,
@@ -318,8 +327,8 @@ class DashboardState:
             "workers": [{"worker": w, "in_sandbox": load.in_sandbox, "finished": load.finished, "failed": load.failed,
                          "turns": load.turns, "avg_reward": load.reward_sum / load.finished if load.finished else None}
                         for w, load in sorted(run.workers.items())],
-            "active_total": len(active),
-            "active": [r.row() for r in active[:limit]],
+            "active_total": len(run.active),
+            "active": [r.row() for r in active],
             "recent": rows(run.recent),
             "failures": rows(run.failures),
         }
