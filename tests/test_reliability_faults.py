@@ -15,7 +15,7 @@ import pandas as pd
 
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
-from uni_agent import agent_loop
+from uni_agent.sandbox import start as sandbox_start
 from uni_agent.agent_loop import UniAgentLoop
 from uni_agent.dataset import build_specs
 from uni_agent.llm import ChatClient
@@ -149,7 +149,7 @@ class FlakyStartSandbox(LocalSandbox):
 
 def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch):
     """30% of sandbox starts fail: the agent loop retries them (start_retries) and every rollout completes."""
-    monkeypatch.setattr(agent_loop, "make_sandbox",
+    monkeypatch.setattr(sandbox_start, "make_sandbox",
                         lambda deployment, env, name: FlakyStartSandbox(deployment, env, name=name))
     agents = _agents().override_all({"env": {"deployment": {"start_retries": 8}}})
     specs, problems = build_specs(rows, agents, "flaky-run", 2)
@@ -163,8 +163,8 @@ def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch)
             finally:
                 await client.aclose()
 
-    agent_loop_wait = agent_loop.wait_exponential_jitter
-    monkeypatch.setattr(agent_loop, "wait_exponential_jitter", lambda **kw: agent_loop_wait(multiplier=0.05, max=0.2))
+    start_wait = sandbox_start.wait_exponential_jitter
+    monkeypatch.setattr(sandbox_start, "wait_exponential_jitter", lambda **kw: start_wait(multiplier=0.05, max=0.2))
     results = asyncio.run(main())
     assert FlakyStartSandbox.failures >= 0.15 * FlakyStartSandbox.starts, (FlakyStartSandbox.failures,
                                                                            FlakyStartSandbox.starts)
@@ -178,8 +178,8 @@ def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeyp
             await super().start()
             raise SandboxStartError("injected: the sandbox never comes up")
 
-    monkeypatch.setattr(agent_loop, "make_sandbox", lambda deployment, env, name: BrokenSandbox(deployment, env,
-                                                                                                name=name))
+    monkeypatch.setattr(sandbox_start, "make_sandbox", lambda deployment, env, name: BrokenSandbox(deployment, env,
+                                                                                                   name=name))
     agents = _agents().override_all({"env": {"deployment": {"start_retries": 2}}})
     specs, _ = build_specs(rows[:2], agents, "broken-run", 1)
 

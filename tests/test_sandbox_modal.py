@@ -524,8 +524,12 @@ def test_transient_create_errors_are_retried_and_permanent_ones_are_not(cloud: F
     cloud.failures["create"] += [ERR.ResourceExhaustedError("Sandbox creation rate limit exceeded"),
                                  ERR.InternalFailure("try again")]
     agent = agent_with(start_retries=3)
-    box = run(start_sandbox(agent, "retried"))
-    run(box.close())
+
+    async def start_and_close() -> None:  # one event loop: the session's stream lives in the loop that opened it
+        box = await start_sandbox(agent, "retried")
+        await box.close()
+
+    run(start_and_close())
     assert len(cloud.create_times) == 3 and len(cloud.sandboxes) == 1
 
     cloud.failures["create"] += [ERR.InvalidError("bad image"), ERR.InvalidError("bad image")]
@@ -565,8 +569,12 @@ def test_missing_sdk_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_create_whose_answer_was_lost_is_found_by_name_and_terminated(cloud: FakeCloud) -> None:
     cloud.lose_create_responses = 1
-    box = run(start_sandbox(agent_with(start_retries=2), "lost"))
-    run(box.close())
+
+    async def start_and_close() -> None:
+        box = await start_sandbox(agent_with(start_retries=2), "lost")
+        await box.close()
+
+    run(start_and_close())
     assert len(cloud.sandboxes) == 2 and not cloud.live()  # the first (orphaned) one was terminated too
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..config import LocalDeploymentConfig
 from .backend import SessionSandbox, Transport
-from .base import SandboxStartError
+from .base import ExecResult, SandboxError, SandboxStartError
 from .process_limit import ProcessLimit, reap_orphaned_cgroups
 from .repo import BUNDLED_TASKS_DIR, PACKAGE_DIR, prepare_base_repo, resolve_repo
 from .session import supervisor_argv
@@ -206,6 +206,12 @@ class LocalSandbox(SessionSandbox):
         if self.dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.dir, True)
             self.dir = None
+
+    async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
+                   merge_stderr: bool = True) -> ExecResult:
+        if self.dir is not None and not os.path.isdir(self.dir):  # a stat: cheap next to the command
+            raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use")
+        return await super().exec(command, timeout, stdin=stdin, merge_stderr=merge_stderr)
 
     def _overlay_prefix(self) -> list[str]:
         assert self.dir is not None and self._base is not None

@@ -224,9 +224,13 @@ class ModalSandbox(SessionSandbox):
                 await pump
         sandbox, self._sandbox = self._sandbox, None
         create_sent, self._create_sent = self._create_sent, False
-        self._supervisor = None
+        supervisor, self._supervisor = self._supervisor, None
         if create_sent:
             await self._terminate(sandbox)
+        if supervisor is not None:  # ended with the sandbox: collect its exit so nothing of it is left pending
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await supervisor.wait.aio()
 
     async def _terminate(self, sandbox: Any) -> None:
         modal = self._modal

@@ -134,6 +134,12 @@ class Session:
 
     async def _read_result(self, request_id: int) -> ExecResult:
         fields = await self._read_header()
+        if fields[0] == "failed" and len(fields) == 3 and fields[1] == str(request_id):
+            try:
+                message = await self._reader.readexactly(int(fields[2]))
+            except asyncio.IncompleteReadError:
+                await self._fail("the supervisor's output ended mid-message")
+            raise SandboxError(f"sandbox {self.name}: {message.decode('utf-8', 'replace')}")
         if fields[0] != "result" or len(fields) != 9 or fields[1] != str(request_id):
             await self._fail(f"protocol out of step: expected the result of {request_id}, got {' '.join(fields)!r}")
         _, _, exit_code, timed_out, cancelled, out_size, err_size, dropped, _seconds = fields

@@ -12,6 +12,8 @@ the supervisor's start-up time):
                      write ID APPEND PATH_LEN LEN  path-bytes data-bytes              write a file, no shell involved
   supervisor → host  ready PID PYTHON_VERSION                 once, at start
                      result ID EXIT|- TIMED_OUT CANCELLED OUT_LEN ERR_LEN DROPPED SECONDS  out-bytes err-bytes
+                     failed ID LEN  message-bytes   the sandbox could not carry out request ID (its disk, its state
+                                                    dir): an infrastructure failure, not the command's
 A command runs as `bash run.sh` in a session (and so a process group) of its own. At its timeout, or on cancel, that
 group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
 `nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
@@ -185,9 +187,9 @@ class Supervisor:
                 self.write_file(request, rest)
             else:
                 self.start(request, first, rest if stdin_size >= 0 else None)
-        except OSError as exc:  # a full disk, a state dir removed from inside: this request fails, not the sandbox
-            message = ("uni-agent supervisor: %s failed: %s\n" % (op, exc)).encode()
-            self.send_line(request_id, 126, False, False, message, b"", 0, 0.0)
+        except OSError as exc:  # a full disk, a state dir removed: the sandbox failed this request, not the command
+            message = ("%s failed in the sandbox: %s" % (op, exc)).encode()
+            self.send("failed %d %d" % (request_id, len(message)), message)
         return True
 
     # -- commands ----------------------------------------------------------------------------------------------
