@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -256,6 +257,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--endpoint-processes", type=int, default=2, help="endpoint processes on one port (default 2)")
     sim.add_argument("--faults", action="store_true",
                      help="then, at the largest point: kill 2 workers and the driver once, resume, count rows")
+    sim.add_argument("--faults-only", action="store_true", help="only the --faults run (no sweep before it)")
 
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
@@ -289,9 +291,26 @@ def simulate(args: argparse.Namespace) -> int:
                          delay_s=args.delay_s if args.delay_s is not None else 20.0,
                          turns=args.turns if args.turns is not None else 4, command_s=args.command_s,
                          waves=args.waves or 1, endpoint_processes=args.endpoint_processes, faults=args.faults,
+                         faults_only=args.faults_only,
                          out_dir=args.out, profile_dir=args.profile, json_path=args.json)
     started = time.monotonic()
-    report = run_simulation(options, echo=lambda line: print(line, flush=True))
+    echo = lambda line: print(line, flush=True)  # noqa: E731
+    before = None
+    if args.baseline:  # the same sweep with uni_agent imported from REF in every process but this one's
+        from . import baseline
+        from .simulate import before_after
+
+        echo(f"before: {args.baseline}")
+        with baseline.worktree(args.baseline) as tree:
+            old = dataclasses.replace(options, extra_env={"PYTHONPATH": baseline._env(tree)["PYTHONPATH"]}, cwd=tree,
+                                      out_dir=options.out_dir / "before" if options.out_dir else None, faults=False,
+                                      faults_only=False)
+            before = run_simulation(old, echo=echo)
+        echo("now:")
+    report = run_simulation(options, echo=echo)
+    if before is not None:
+        for line in before_after(before, report, args.baseline):
+            echo(line)
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0 if ok(report) else 1
 

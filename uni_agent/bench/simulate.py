@@ -48,10 +48,12 @@ class SimOptions:
     waves: int = 1
     endpoint_processes: int = 2
     faults: bool = False
+    faults_only: bool = False  # the faults run alone, without the sweep before it
     out_dir: Path | None = None
     profile_dir: Path | None = None
     json_path: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # for the scheduler, workers and driver
+    cwd: Path | None = None  # theirs (`--baseline`: the earlier tree, so that `python -m` imports it first)
 
 
 def ideal_makespan(options: SimOptions) -> float:
@@ -66,15 +68,15 @@ def ideal_makespan(options: SimOptions) -> float:
 class ProcessCluster:
     """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation."""
 
-    def __init__(self, workers: int, work_dir: Path, env: dict[str, str]):
-        self.n, self.dir, self.env = workers, work_dir, env
+    def __init__(self, workers: int, work_dir: Path, env: dict[str, str], cwd: Path | None = None):
+        self.n, self.dir, self.env, self.cwd = workers, work_dir, env, cwd
         self.scheduler_file = work_dir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen] = {}
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen([sys.executable, "-m", "dask", *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd)
         self.procs[name] = proc
         return proc
 
@@ -239,7 +241,8 @@ def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, ou
             "--no-progress", "--output-dir", str(out / "run")]
     if not Path(argv[0]).exists():
         argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=cluster.cwd)
 
 
 def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults: bool = False) -> dict[str, Any]:
@@ -250,7 +253,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
     row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers}
     with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND) as endpoint, \
-            ProcessCluster(options.workers, out / "cluster", env) as cluster, \
+            ProcessCluster(options.workers, out / "cluster", env, options.cwd) as cluster, \
             Sampler(cluster.client, cluster.dashboard) as sampler, \
             _profiles(cluster, options.profile_dir, f"c{in_flight}") as profile:
         sampler.watch("scheduler", cluster.procs["scheduler"].pid)
@@ -320,12 +323,12 @@ def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: S
     for name in sorted(cluster.worker_pids)[:2]:
         cluster.kill_worker(name)
         fault_log.append(f"killed worker {name} at {time.monotonic():.0f}")
-    echo(f"    fault: killed 2 of {options.workers} workers ({', '.join(sorted(cluster.worker_pids)[:2])})")
+    echo(f"    fault: killed 2 of {options.workers} workers at {0.3 * ideal:.0f} s ({', '.join(sorted(cluster.worker_pids)[:2])})")
     time.sleep(0.3 * ideal)
     recorded = _rows_on_disk(out)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    echo(f"    fault: killed the driver ({recorded} rollouts on disk); starting it again on the same output dir")
+    echo(f"    fault: killed the driver at {0.6 * ideal:.0f} s ({recorded} rollouts on disk); starting it again on the same output dir")
     fault_log.append(f"killed the driver with {recorded} rows on disk")
     resumed = _driver(cluster, data, config, endpoint, out, options.workers, env, "driver-resumed.log")
     sampler.watch("driver-resumed", resumed.pid)
@@ -427,7 +430,7 @@ def growth_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
-    out = options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))
+    out = (options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     notes = ensure_limits(max(options.in_flight) * 2, 1)  # the driver's and the workers' sockets, the endpoint's
     echo(f"uni-agent bench --simulate: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
@@ -443,12 +446,12 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
         echo(note)
     echo(table_head())
     rows = []
-    for i, in_flight in enumerate(options.in_flight):
+    for in_flight in [] if options.faults_only else options.in_flight:
         row = run_point(options, in_flight, out / f"c{in_flight}", echo)
         rows.append(row)
         echo(table_line(row))
         _check(row, echo)
-    if options.faults:
+    if options.faults or options.faults_only:
         in_flight = options.in_flight[-1]
         echo(f"faults at {in_flight} in flight: kill 2 of {options.workers} workers, then the driver (resume)")
         row = run_point(options, in_flight, out / f"c{in_flight}-faults", echo, faults=True)
@@ -465,6 +468,21 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     if options.out_dir is None:
         shutil.rmtree(out, ignore_errors=True)
     return report
+
+
+def before_after(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
+    """One line per in-flight point measured both times (faults runs left out)."""
+    lines = [f"before ({ref}) -> now, same invocation, same machine:"]
+    old = {r["in_flight"]: r for r in before["rows"] if not r["faults"]}
+    for row in (r for r in after["rows"] if not r["faults"] and r["in_flight"] in old):
+        b = old[row["in_flight"]]
+        lines.append(
+            f"  {row['in_flight']} in flight: eff {b['efficiency']:.2f} -> {row['efficiency']:.2f}, rollouts/min "
+            f"{b['rollouts_per_min']:.0f} -> {row['rollouts_per_min']:.0f}, makespan {b['makespan_s']:.0f} -> "
+            f"{row['makespan_s']:.0f} s, driver CPU {b['cpu_s'].get('driver', 0):.1f} -> "
+            f"{row['cpu_s'].get('driver', 0):.1f} s, scheduler CPU {b['cpu_s'].get('scheduler', 0):.1f} -> "
+            f"{row['cpu_s'].get('scheduler', 0):.1f} s")
+    return lines
 
 
 def _check(row: dict[str, Any], echo) -> None:  # noqa: ANN001
