@@ -170,10 +170,11 @@ async def _conversation(url: str, edit_before_third: bool):
     client = ChatClient(f"{url}/v1", "smol", token_capture="llama_server",
                         sampling={"temperature": 0.8, "max_tokens": 40, "seed": 7})
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2 + 2?"}]
-    replies = []
+    replies, context = [], None
     try:
         for turn in range(3):
-            reply = await client.chat(messages)
+            reply = await client.chat(messages, context=context)  # as the agent loop calls it
+            context = reply.context
             replies.append(reply)
             messages.append({"role": "assistant", "content": reply.raw_text})  # as the agent loop keeps it
             messages.append({"role": "user", "content": f"Observation {turn}: the shell printed {turn * 7}."})

@@ -58,6 +58,7 @@ class UniAgentLoop:
         self._tokens: list[TurnTokens] = []  # each model call's tokens, as the engine reported them
         self._tokens_missing: str | None = None  # the first call that came back without them, and why
         self._token_source = ""
+        self._context = None  # llama_server token-in: the ids the next call continues (llm.TokenContext)
 
     async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
         agent = self.agent
@@ -160,7 +161,8 @@ class UniAgentLoop:
         for turn in range(1, interaction.max_turns + 1):
             result.num_turns = turn
             self._state("running", turn=turn, max_turns=interaction.max_turns)
-            reply = await self.llm.chat(messages, api_tools, response_format)
+            reply = await self.llm.chat(messages, api_tools, response_format, context=self._context)
+            self._context = reply.context
             result.llm_s += reply.latency_s
             result.prompt_tokens += reply.prompt_tokens
             result.completion_tokens += reply.completion_tokens

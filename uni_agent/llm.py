@@ -55,6 +55,15 @@ class ChatReply:
     # llama_server: the text exactly as sampled, before the server's chat parsing (which trims whitespace and code
     # fences from `content`); kept in the conversation, the next prompt then continues what the model produced
     raw_text: str | None = None
+    context: TokenContext | None = None  # what the rollout's next call continues (llama_server token-in)
+
+
+@dataclass
+class TokenContext:
+    """The ids of a rollout's last call (prompt + sampled) and the text they render, for the next call to extend."""
+
+    ids: list[int]
+    text: str
 
 
 # How each engine gives a chat call's tokens (request fields looked up in the pinned versions' sources):
@@ -76,7 +85,8 @@ _TOKEN_FIELDS = {
 
 
 POOL_REQUESTS = 8  # requests in flight per connection pool (see ChatClient.__init__)
-CONTEXT_MARKERS = ("context length", "context window", "maximum context", "exceed context", "too many tokens")
+CONTEXT_MARKERS = ("context length", "context window", "maximum context", "exceed context", "too many tokens",
+                   "context size")
 
 
 def token_capture_for(setting: str, engine: str) -> str | None:
@@ -99,10 +109,12 @@ class ChatClient:
         sampling: dict[str, Any] | None = None,
         retry_unreachable: bool = True,
         token_capture: str | None = None,
+        token_in: bool = True,
     ):
         if token_capture not in (None, *TOKEN_CAPTURE):
             raise ValueError(f"token_capture {token_capture!r}: expected one of {TOKEN_CAPTURE} or None")
         self.token_capture = token_capture
+        self.token_in = token_in  # llama_server: send prompts as ids (_token_in) when the tools are in the prompt
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_attempts = max_attempts
@@ -138,8 +150,9 @@ class ChatClient:
 
     async def chat(
         self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-        response_format: dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None, context: TokenContext | None = None,
     ) -> ChatReply:
+        """One model call. `context` is the previous call's reply.context (llama_server token-in, see _token_in)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
         if tools:
             body["tools"] = tools
@@ -155,6 +168,11 @@ class ChatClient:
             before_sleep=_log_retry,
             reraise=True,
         )
+        if self.token_capture == "llama_server" and self.token_in and not tools:
+            async for attempt in retrying:
+                with attempt:
+                    reply = await self._token_in(body, context)
+            return reply
         async for attempt in retrying:
             with attempt:
                 reply, data = await self._post(body)
@@ -200,6 +218,50 @@ class ChatClient:
             raise _NoTokens(f"{len(tokens.prompt_ids)} prompt ids but the engine counted {reported}")
         return tokens, raw_text
 
+    async def _token_in(self, body: dict[str, Any], context: TokenContext | None) -> ChatReply:
+        """llama_server token-in: the prompt sent as ids, continuing the rollout's previous call exactly.
+
+        The server renders the conversation with its chat template (/apply-template, as its chat endpoint would);
+        when that text begins with the text of the previous call's prompt and sampled tokens, only the rest is
+        tokenized and appended to those very ids, so the model always sees its own sampled tokens (no re-tokenizing
+        drift). /completion then samples from the ids (the same sampling, grammar and logprobs as the chat path), and
+        the reply is the raw sampled text: tool calls are parsed from text (tools_in: prompt)."""
+        root = self.base_url.removesuffix("/v1")
+        rendered = _json(*await self._request(f"{root}/apply-template", body), self.base_url)["prompt"]
+        if context is not None and rendered.startswith(context.text):
+            ids = context.ids + await self._tokenize(root, rendered[len(context.text):], add_special=False)
+        else:  # a first call, or a conversation that no longer continues the last one (the sequence records it)
+            ids = await self._tokenize(root, rendered, add_special=True)
+        request: dict[str, Any] = {**self.sampling, "prompt": ids, "n_probs": 1, "return_tokens": True,
+                                   "cache_prompt": True}
+        response_format = body.get("response_format") or {}
+        if response_format.get("type") in ("json_object", "json_schema"):
+            schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+            request["json_schema"] = schema or {"type": "object"}
+        response, latency = await self._request(f"{root}/completion", request)
+        data = _json(response, latency, self.base_url)
+        try:
+            sampled = [int(t) for t in data["tokens"]]
+            content = str(data["content"])
+            logprobs = _aligned_logprobs(sampled, data.get("completion_probabilities") or [])
+        except (KeyError, TypeError, ValueError, _NoTokens) as exc:
+            raise TransientLLMError(f"{self.base_url}: malformed /completion answer ({exc!r})") from exc
+        finish = "length" if data.get("stop_type") == "limit" else "stop"
+        if finish == "length" and not content:
+            raise ContextLimitError(f"{self.base_url}: the model hit its token limit before writing anything")
+        detokenized = _json(*await self._request(f"{root}/detokenize", {"tokens": sampled}), self.base_url)
+        reply = ChatReply(content=content, tool_calls=[], finish_reason=finish,  # the counts as the engine made them
+                          prompt_tokens=int(data.get("tokens_evaluated") or 0),
+                          completion_tokens=int(data.get("tokens_predicted") or 0), latency_s=latency,
+                          raw_message={"role": "assistant", "content": content},
+                          tokens=TurnTokens(ids, sampled, logprobs), token_source="llama_server", raw_text=content)
+        reply.context = TokenContext(ids + sampled, rendered + detokenized["content"])
+        return reply
+
+    async def _tokenize(self, root: str, text: str, add_special: bool) -> list[int]:
+        body = {"content": text, "add_special": add_special, "parse_special": True}
+        return [int(t) for t in _json(*await self._request(f"{root}/tokenize", body), self.base_url)["tokens"]]
+
     async def _llama_server_prompt_ids(self, body: dict[str, Any]) -> list[int]:
         root = self.base_url.removesuffix("/v1")
         pool = self._pool()
@@ -217,12 +279,13 @@ class ChatClient:
         finally:
             self._in_flight[pool] -= 1
 
-    async def _post(self, body: dict[str, Any]) -> tuple[ChatReply, dict[str, Any]]:
+    async def _request(self, path: str, body: dict[str, Any]) -> tuple[httpx.Response, float]:
+        """POST to `path` (under base_url, or absolute), transport and HTTP errors mapped to the LLMError kinds."""
         started = time.monotonic()
         pool = self._pool()
         self._in_flight[pool] += 1
         try:
-            response = await self._pools[pool].post("/chat/completions", json=body)
+            response = await self._pools[pool].post(path, json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise EndpointDownError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -237,6 +300,10 @@ class ChatClient:
             if any(marker in text.lower() for marker in CONTEXT_MARKERS):
                 raise ContextLimitError(f"{self.base_url}: {text}")
             raise LLMError(f"{self.base_url}: HTTP {response.status_code}: {text}")
+        return response, latency
+
+    async def _post(self, body: dict[str, Any]) -> tuple[ChatReply, dict[str, Any]]:
+        response, latency = await self._request("/chat/completions", body)
         try:
             data = response.json()
             choice = data["choices"][0]
@@ -255,6 +322,16 @@ class ChatClient:
             latency_s=latency,
             raw_message=message,
         ), data
+
+
+def _json(response: httpx.Response, latency: float, where: str) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise TransientLLMError(f"{where}: malformed answer ({exc!r}): {response.text[:300]}") from exc
+    if not isinstance(data, dict):
+        raise TransientLLMError(f"{where}: malformed answer: {response.text[:300]}")
+    return data
 
 
 def _aligned_logprobs(ids: list[int], entries: list[dict[str, Any]]) -> list[float]:
