@@ -262,6 +262,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         for i, pid in enumerate(endpoint.pids):
             sampler.watch(f"endpoint-{i}", pid)
         events0 = cluster.client.run_on_scheduler(_page_probe)["events"]
+        load_before = load_average()
         started = time.monotonic()
         driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
         sampler.watch("driver", driver.pid)
@@ -273,6 +274,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         code = driver.wait()
         wall = time.monotonic() - started
         last = sampler.probe()
+        row["load"] = max(load_before, load_average())  # the machine's 1-minute load: others' work disturbs figures
     row["driver_exit"] = code
     row["faults"] = fault_log
     row["wall_s"] = wall  # from starting the driver process to its exit (imports, connecting, actor start included)
@@ -317,18 +319,21 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
 def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: SimOptions, data: Path, config: Path,
                    endpoint: str, out: Path, env: dict[str, str], sampler: Sampler, fault_log: list[str],
                    echo) -> subprocess.Popen:  # noqa: ANN001
-    """Two workers lost at 30% of the ideal makespan, the driver killed at 60% and started again (resume)."""
+    """Two workers lost at 30% of the ideal makespan; the driver killed once a quarter of the rollouts are on disk
+    (so that the resumed driver has rows to skip and rollouts to redo), and started again on the same output dir."""
     ideal = ideal_makespan(options)
+    rollouts = options.waves * max(options.in_flight)
     time.sleep(0.3 * ideal)
     for name in sorted(cluster.worker_pids)[:2]:
         cluster.kill_worker(name)
         fault_log.append(f"killed worker {name} at {time.monotonic():.0f}")
     echo(f"    fault: killed 2 of {options.workers} workers at {0.3 * ideal:.0f} s ({', '.join(sorted(cluster.worker_pids)[:2])})")
-    time.sleep(0.3 * ideal)
-    recorded = _rows_on_disk(out)
+    while (recorded := _rows_on_disk(out)) < rollouts // 4 and driver.poll() is None:
+        time.sleep(1)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    echo(f"    fault: killed the driver at {0.6 * ideal:.0f} s ({recorded} rollouts on disk); starting it again on the same output dir")
+    echo(f"    fault: killed the driver ({recorded} of {rollouts} rollouts on disk); starting it again on the same "
+         "output dir")
     fault_log.append(f"killed the driver with {recorded} rows on disk")
     resumed = _driver(cluster, data, config, endpoint, out, options.workers, env, "driver-resumed.log")
     sampler.watch("driver-resumed", resumed.pid)
@@ -378,7 +383,7 @@ def _profiles(cluster: ProcessCluster, profile_dir: Path | None, name: str):
 
 COLUMNS = [("in flight", 9), ("ok/total", 13), ("makespan s", 10), ("ideal s", 7), ("eff", 5), ("rollouts/min", 12),
            ("sched cores", 11), ("sched MiB", 9), ("driver cores", 12), ("driver MiB", 10), ("worker cores", 12),
-           ("worker MiB", 10), ("events/s", 8), ("page KB", 7), ("page ms", 7), ("pq KB/s", 7), ("parts", 5)]
+           ("worker MiB", 10), ("events/s", 8), ("page KB", 7), ("page ms", 7), ("pq KB/s", 7), ("parts", 5), ("load", 5)]
 
 
 def table_line(row: dict[str, Any]) -> str:
@@ -391,7 +396,7 @@ def table_line(row: dict[str, Any]) -> str:
               f"{driver_mib:.0f}", "/".join(f"{row['worker_cores'][w]:.2f}" for w in workers),
               "/".join(f"{rss.get(w, 0):.0f}" for w in workers), f"{row['events_per_s']:.0f}",
               f"{row['page_state_kb_max']:.0f}", f"{row['page_build_ms_max']:.1f}",
-              f"{row['parquet_bytes_per_s'] / 1000:.1f}", row["part_files"]]
+              f"{row['parquet_bytes_per_s'] / 1000:.1f}", row["part_files"], f"{row.get('load', float('nan')):.1f}"]
     return " | ".join(str(v).rjust(width) for v, (_, width) in zip(values, COLUMNS, strict=True))
 
 
@@ -432,7 +437,8 @@ def growth_lines(rows: list[dict[str, Any]]) -> list[str]:
 def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     out = (options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    notes = ensure_limits(max(options.in_flight) * 2, 1)  # the driver's and the workers' sockets, the endpoint's
+    # Per process: a worker holds a connection per rollout it runs, an endpoint process one per rollout it serves.
+    notes = ensure_limits(max(options.in_flight), min(options.workers, options.endpoint_processes))
     echo(f"uni-agent bench --simulate: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
          f"{load_average():.2f} at start")
     echo(f"method: rollouts = {options.waves} x in-flight, each {options.turns} x execute_bash (the memory stand-in: "
