@@ -15,12 +15,13 @@ pytestmark = pytest.mark.llm
 SERVER = binary_path("cpu")
 
 
-def _llama_servers() -> list[str]:
-    return [c for p in Path("/proc").iterdir() if p.name.isdigit() and str(SERVER) in (c := _cmd(p))]
+def _llama_servers() -> dict[str, str]:
+    """pid -> command line of every llama-server on the machine (other runs' too: the test compares before/after)."""
+    return {p.name: c for p in Path("/proc").iterdir() if p.name.isdigit() and str(SERVER) in (c := _cmd(p))}
 
 
 def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
-    assert not _llama_servers()
+    before = _llama_servers()
     run(None, AGENT_CONFIG, client=dask_client, engine="llama_cpp", n=1, max_samples=3, max_turns=3,
                   max_tokens=128, output_dir=str(tmp_path), progress=False)
     results = pd.read_parquet(tmp_path / "results")
@@ -38,4 +39,5 @@ def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
     assert summary["num_rollouts"] == 3 and summary["n"] == 1
     log = (tmp_path / "logs" / "engine-0.log").read_text()
     assert "listening on http" in log and "n_slots = 8" in log, log[-2000:]
-    assert not _llama_servers(), "the engine process outlived the run"
+    left = {pid: cmd for pid, cmd in _llama_servers().items() if pid not in before}
+    assert not left, f"the engine process outlived the run: {left}"
