@@ -174,6 +174,10 @@ def versions() -> dict[str, str | None]:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
+    with contextlib.suppress(ImportError):  # llama-server reports no version of its own (built from an sdist)
+        from .engines.llama_build import SOURCE_PACKAGE, SOURCE_VERSION
+
+        found["llama-server"] = f"built from the llama.cpp vendored in {SOURCE_PACKAGE} {SOURCE_VERSION}"
     return found
 
 
