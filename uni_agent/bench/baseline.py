@@ -21,6 +21,7 @@ from typing import Any
 
 THIS_TREE = Path(__file__).resolve().parent.parent.parent
 SANDBOX_RTT = Path(__file__).resolve().with_name("sandbox_rtt.py")
+CLIENT_CPU = Path(__file__).resolve().with_name("client_cpu.py")
 
 
 class BaselineError(RuntimeError):
@@ -60,6 +61,15 @@ def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, 
     done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise BaselineError(f"the sandbox bench failed in {tree} ({backend}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
+    """client_cpu.py's figures with `uni_agent` imported from `tree`."""
+    argv = [sys.executable, str(CLIENT_CPU), "--requests", str(requests), "--in-flight", str(in_flight)]
+    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise BaselineError(f"the LLM client bench failed in {tree}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

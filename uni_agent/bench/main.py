@@ -248,6 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-image", default=None,
                         help="also measure the podman backend on this local image (e.g. the tests' image)")
     parser.add_argument("--sandbox-commands", type=int, default=500, help="`true` calls per sandbox figure")
+    parser.add_argument("--client-only", action="store_true",
+                        help="only the LLM client's CPU per request (2,000 requests, 100 in flight, a scripted endpoint)")
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
     sim.add_argument("--simulate", action="store_true",
                      help="real dask scheduler/worker/driver processes, events, page and Parquet; the sandbox is an "
@@ -276,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.simulate:
         return simulate(args)
-    if args.baseline or args.sandbox_only:
+    if args.baseline or args.sandbox_only or args.client_only:
         return compare_with_baseline(args)
     report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -327,6 +329,14 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
         if args.baseline:
             label = f"before ({Path(args.baseline).name[:10]})"
             trees.insert(0, (label, stack.enter_context(baseline.worktree(args.baseline))))
+        echo(f"uni-agent bench, LLM client alone: {os.cpu_count()} CPUs, load average {load_average():.2f}; 2,000 "
+             "chat requests, 100 in flight, to a scripted endpoint in its own process; CPU of the client's process")
+        for label, tree in trees:
+            figures = baseline.client_figures(tree, 2000, 100)
+            echo(f"  {label:>22}: {figures['client_cpu_ms_per_request']:.2f} ms CPU per request "
+                 f"(wall {figures['wall_s']:.1f} s)")
+        if args.client_only:
+            return 0
         echo(f"uni-agent bench, sandbox alone: {os.cpu_count()} CPUs, load average {load_average():.2f} at start; "
              f"{args.sandbox_commands} `true` calls in one live sandbox; memory = MemAvailable drop over 32 live "
              "sandboxes / 32; machine CPU = /proc/stat over the calls / calls")
