@@ -19,6 +19,9 @@ from .repo import GIT_IDENTITY
 from .session import STATE_DIR_IN_SANDBOX, Session
 
 
+STDERR_TAIL_BYTES = 4000
+
+
 @dataclass
 class Transport:
     """The supervisor's stdout, a way to write to (or, with None, close) its stdin, and why it ended."""
@@ -26,6 +29,33 @@ class Transport:
     reader: asyncio.StreamReader
     write: Callable[[bytes | None], Awaitable[None]]
     describe_end: Callable[[], Awaitable[str]]
+
+
+def process_transport(proc: asyncio.subprocess.Process, what: str) -> Transport:
+    """The transport of a supervisor reached through a local process's pipes (bwrap; a container's `run` client).
+    `what` names that process in the message that says how it ended."""
+
+    async def write(data: bytes | None) -> None:
+        if proc.stdin is None or proc.returncode is not None:
+            raise BrokenPipeError(f"{what} is not running")
+        if data is None:
+            proc.stdin.close()
+            return
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+
+    async def describe_end() -> str:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        err = b""
+        if proc.stderr is not None:
+            with contextlib.suppress(TimeoutError):
+                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
+        status = f"{what} still running" if proc.returncode is None else f"{what} exit status {proc.returncode}"
+        tail = err.decode("utf-8", "replace").strip()[-STDERR_TAIL_BYTES:]
+        return f"{status}; stderr: {tail}" if tail else status
+
+    return Transport(proc.stdout, write, describe_end)  # type: ignore[arg-type]
 
 
 class SessionSandbox(ClosingContext):

@@ -30,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from ..config import ContainerDeploymentConfig
-from .backend import SessionSandbox, Transport
+from .backend import SessionSandbox, Transport, process_transport
 from .base import SandboxError, SandboxStartError
 from .limiter import start_limits
 from .repo import prepare_base_repo, resolve_repo
@@ -42,7 +42,6 @@ LABEL = "uni-agent.sandbox"
 CREATED_LABEL = "uni-agent.created"
 OWNER_LABEL = "uni-agent.owner"  # <hostname>:<pid> of the process that started it
 CLI_TIMEOUT_S = 120.0  # one CLI call other than run/pull (inspect, rm, cp of a small repo)
-STDERR_TAIL_BYTES = 4000
 RUN_CLIENT_EXIT_S = 30.0  # how long close() lets the `run` client finish before removing the container anyway
 
 
@@ -97,8 +96,8 @@ class ContainerSandbox(SessionSandbox):
 
     async def _launch(self) -> Transport:
         self._created = True
-        proc = self._run_proc = await self._spawn(self._run_argv(), with_stdin=True, limit=1 << 20)
-        return Transport(proc.stdout, self._write, self._describe_end)  # type: ignore[arg-type]
+        self._run_proc = await self._spawn(self._run_argv(), with_stdin=True, limit=1 << 20)
+        return process_transport(self._run_proc, f"`{self.cli} run`")
 
     async def _provision(self) -> None:
         if self.config.repo is None:
@@ -138,30 +137,6 @@ class ContainerSandbox(SessionSandbox):
     async def _image_present(self) -> bool:
         rc, _, _ = await self._cli_call(["image", "inspect", "--format", "{{.Id}}", self.config.image or ""])
         return rc == 0
-
-    async def _write(self, data: bytes | None) -> None:
-        proc = self._run_proc
-        if proc is None or proc.stdin is None:
-            raise BrokenPipeError("the container is not attached")
-        if data is None:
-            proc.stdin.close()
-            return
-        proc.stdin.write(data)
-        await proc.stdin.drain()
-
-    async def _describe_end(self) -> str:
-        proc = self._run_proc
-        if proc is None:
-            return "not started"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 5)
-        err = b""
-        if proc.stderr is not None:
-            with contextlib.suppress(TimeoutError):
-                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
-        status = "still attached" if proc.returncode is None else f"`{self.cli} run` exit status {proc.returncode}"
-        tail = _text(err)
-        return f"{status}; stderr: {tail}" if tail else status
 
     async def _teardown(self) -> None:
         """Remove the container. Safe to call twice, after a failed or cancelled start, and while cancelled.

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from ..config import LocalDeploymentConfig
-from .backend import SessionSandbox, Transport
+from .backend import SessionSandbox, Transport, process_transport
 from .base import ExecResult, SandboxError, SandboxStartError
 from .process_limit import ProcessLimit, reap_orphaned_cgroups
 from .repo import BUNDLED_TASKS_DIR, PACKAGE_DIR, prepare_base_repo, resolve_repo
@@ -37,7 +37,6 @@ from .supervisor import CAPTURE_LIMIT_BYTES
 __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
-STDERR_TAIL_BYTES = 4000
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
 
 
@@ -133,8 +132,8 @@ class LocalSandbox(SessionSandbox):
         if not self.use_overlay:
             await asyncio.to_thread(shutil.copytree, self._base, self.dir / "merged", symlinks=True,
                                     dirs_exist_ok=True)
-        proc = self._proc = await self._spawn(self._argv(self.use_overlay))
-        return Transport(proc.stdout, self._write, self._describe_end)  # type: ignore[arg-type]
+        self._proc = await self._spawn(self._argv(self.use_overlay))
+        return process_transport(self._proc, "bwrap")
 
     async def _overlay_wanted(self) -> bool:
         wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
@@ -165,30 +164,6 @@ class LocalSandbox(SessionSandbox):
         if overlay:
             prefix += self._overlay_prefix()
         return prefix + self._bwrap_args()
-
-    async def _write(self, data: bytes | None) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
-            raise BrokenPipeError("the sandbox process is not running")
-        if data is None:
-            proc.stdin.close()
-            return
-        proc.stdin.write(data)
-        await proc.stdin.drain()
-
-    async def _describe_end(self) -> str:
-        proc = self._proc
-        if proc is None:
-            return "not started"
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 2)
-        err = b""
-        if proc.stderr is not None:
-            with contextlib.suppress(TimeoutError):
-                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
-        status = "still running" if proc.returncode is None else f"exit status {proc.returncode}"
-        tail = err.decode("utf-8", "replace").strip()[-STDERR_TAIL_BYTES:]
-        return f"{status}; stderr: {tail}" if tail else status
 
     async def _teardown(self) -> None:
         proc, self._proc = self._proc, None

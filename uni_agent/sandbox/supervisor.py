@@ -77,7 +77,6 @@ class Command:
         self.out = bytearray()
         self.err = bytearray()
         self.dropped = 0
-        self.open_streams = 2
         self.timed_out = False
         self.cancelled = False
 
@@ -271,22 +270,22 @@ class Supervisor:
             stream.close()
 
     def read_output(self, stream, kind, command):
+        """One read from a command's output pipe (the selector said it is readable)."""
         try:
             chunk = os.read(stream.fileno(), READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         if not chunk:
             self.selector.unregister(stream)
             stream.close()
-            if command is not None:
-                command.open_streams -= 1
-            return
-        if command is None or command is not self.current:
-            return  # a background process of an earlier command: read so it never blocks, then dropped
-        kept = command.out if kind == "out" else command.err
-        room = CAPTURE_LIMIT_BYTES - len(kept)
-        kept += chunk[:max(room, 0)]
-        command.dropped += max(0, len(chunk) - max(room, 0))
+            return False
+        if command is self.current:
+            kept = command.out if kind == "out" else command.err
+            room = max(CAPTURE_LIMIT_BYTES - len(kept), 0)
+            kept += chunk[:room]
+            command.dropped += len(chunk) - len(chunk[:room])
+        # else: a background process of an earlier command: read so it never blocks, then dropped
+        return True
 
     def drain_wakeups(self):
         try:
@@ -333,9 +332,9 @@ class Supervisor:
             return
         # The shell has exited. What it wrote is in the pipe already: read it all now. A stream still open after
         # that belongs to a process left in the background; it stays registered, read and dropped.
-        for stream in (command.proc.stdout, command.proc.stderr):
-            if stream is not None and not stream.closed:
-                self.read_available(stream, "out" if stream is command.proc.stdout else "err", command)
+        for stream, kind in ((command.proc.stdout, "out"), (command.proc.stderr, "err")):
+            while not stream.closed and self.read_output(stream, kind, command):
+                pass
         if command.proc.stdin is not None and not command.proc.stdin.closed:
             self.selector.unregister(command.proc.stdin)
             command.proc.stdin.close()
@@ -347,21 +346,6 @@ class Supervisor:
             self.spare = self.start_shell()
         except OSError:
             self.spare = None  # the next command tries again
-
-    def read_available(self, stream, kind, command):
-        while not stream.closed:
-            try:
-                chunk = os.read(stream.fileno(), READ_CHUNK)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.selector.unregister(stream)
-                stream.close()
-                return
-            kept = command.out if kind == "out" else command.err
-            room = max(CAPTURE_LIMIT_BYTES - len(kept), 0)
-            kept += chunk[:room]
-            command.dropped += len(chunk) - len(chunk[:room])
 
     def keep_state(self):
         new = os.path.join(self.state_dir, "state.sh.new")
