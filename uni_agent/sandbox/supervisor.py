@@ -328,6 +328,7 @@ class Supervisor:
         if command.proc.returncode is None and time.monotonic() >= command.deadline:
             command.timed_out = True
             self.kill_group(command.proc.pid)
+            command.deadline = time.monotonic() + 1.0  # until it is reaped: again each second, not a busy loop
         if command.proc.returncode is None:
             return
         # The shell has exited. What it wrote is in the pipe already: read it all now. A stream still open after
