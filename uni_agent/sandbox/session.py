@@ -103,7 +103,11 @@ class Session:
                 raise SandboxError(f"sandbox {self.name} is not usable: {self._broken}")
             request_id = next(self._ids)
             started = time.monotonic()
-            await self._send(f"{op} {request_id} {fields}\n".encode() + payload)
+            try:
+                await self._send(f"{op} {request_id} {fields}\n".encode() + payload)
+            except asyncio.CancelledError:  # half a request may be in the pipe: the stream is out of step for good
+                self._broken = f"request {request_id} was cancelled while it was being sent"
+                raise
             # The answer is read by a task of its own, so that a cancelled caller never leaves half a message
             # unread in the stream: the cancel path waits for the same task.
             answer = asyncio.ensure_future(self._read_result(request_id))
