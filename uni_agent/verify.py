@@ -19,17 +19,16 @@ Graders (the row's `reward.name`):
 from __future__ import annotations
 
 import asyncio
-import json
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from .sandbox.start import start_sandbox
 from .config import AgentConfig, ConfigError
 from .grading import files_in_patch, grade, parse_pytest_log
 from .sandbox import Sandbox, write_file
 from .swebench.spec import test_list
+from .verification import Verification
 
 # Each grader and the reward.metadata keys it needs.
 GRADERS: dict[str, tuple[str, ...]] = {
@@ -41,25 +40,6 @@ GRADERS: dict[str, tuple[str, ...]] = {
 ReferenceKind = Literal["gold", "empty", "oracle"]
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider -q"
 LOG_TAIL_CHARS = 8000
-
-
-@dataclass
-class Verification:
-    reward: float = 0.0
-    resolved: bool = False
-    patch_applied: bool = False
-    status: str = "error"  # resolved | unresolved | patch_failed | timeout | error
-    fail_to_pass: dict[str, str] = field(default_factory=dict)
-    pass_to_pass: dict[str, str] = field(default_factory=dict)
-    log_tail: str = ""
-    error: str | None = None
-    seconds: float = 0.0
-    report: dict[str, Any] | None = None  # swe_bench: the official per-instance report (get_eval_report's shape)
-    reward_source: str | None = None  # terminal_bench: reward.txt | reward.json
-    metrics: dict[str, float] = field(default_factory=dict)  # terminal_bench: what the reward file held
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
 
 
 def check_reward_config(agent: AgentConfig, where: str) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..config import ConfigError
-from ..dataset import seed_row
+from ..tasks.rows import seed_row
 from .spec import (DEPLOYMENTS, REQUIRED_FIELDS, WORKDIR, image_name, log_parser, repo_spec, row_spec, test_files,
                    test_list)
 
@@ -298,7 +298,8 @@ def build_rows(raw_rows: Iterable[Any], deployment: str, max_instances: int | No
             if instance["instance_id"] in seen:
                 raise ConfigError("duplicate instance_id")
             if source == "swe_smith":
-                row = smith.instance_to_row(instance, deployment, agent_name, local_repos, image_registry)
+                row = smith.instance_to_row(instance, deployment, SYSTEM_PROMPT, agent_name, local_repos,
+                                             image_registry)
             else:
                 row = instance_to_row(instance, deployment, agent_name, local_repos, image_registry, source)
         except ConfigError as exc:  # this row is left out, with why; the others go on

@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
-from ..dataset import seed_row
+from ..tasks.rows import seed_row
 from .spec import DEPLOYMENTS, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, test_list
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..sandbox import Sandbox
-    from ..verify import Verification
+    from ..verification import Verification
 
 HUB_NAME = "SWE-bench/SWE-smith"
 HUB_SPLIT = "train"
@@ -323,10 +323,9 @@ def image_for(instance: Mapping[str, str], deployment: str, registry: str | None
     return f"{registry.rstrip('/')}/{image}" if registry else image
 
 
-def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str = "swe_agent",
+def instance_to_row(instance: dict[str, str], deployment: str, system_prompt: str, agent_name: str = "swe_agent",
                     local_repos: str | Path | None = None, image_registry: str | None = None) -> dict[str, Any]:
-    from .preprocess import SYSTEM_PROMPT
-
+    """`system_prompt`: the SWE system prompt, from preprocess.py (which imports this module, not the other way)."""
     image = image_for(instance, deployment, image_registry)
     target: dict[str, Any] = {"type": deployment}
     if image is not None:
@@ -337,6 +336,6 @@ def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str =
             target["repo"] = str(Path(local_repos).expanduser().resolve() / repo_name(instance))
     user = USER_PROMPT.format(repo=repo_name(instance), workdir=WORKDIR,
                               problem_statement=instance["problem_statement"].strip())
-    return seed_row(instance["instance_id"], DATA_SOURCE, agent_name, SYSTEM_PROMPT, user,
+    return seed_row(instance["instance_id"], DATA_SOURCE, agent_name, system_prompt, user,
                     env={"deployment": target, "post_setup_cmd": agent_setup_command(instance)},
                     reward={"name": REWARD_NAME, "metadata": instance})

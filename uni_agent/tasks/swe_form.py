@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..config import ConfigError
-from ..dataset import seed_row
+from ..tasks.rows import seed_row
 from ..swebench.spec import test_list
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"

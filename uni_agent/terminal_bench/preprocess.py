@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..config import ConfigError
-from ..dataset import seed_row
+from ..tasks.rows import seed_row
 from . import BUNDLED_TASKS_DIR, DATA_SOURCE, REWARD_NAME
 from .dockerfile import materialize_workspace
 from .images import build_image, image_tag

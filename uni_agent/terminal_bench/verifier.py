@@ -22,7 +22,7 @@ from ..sandbox import Sandbox, write_file
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
-    from ..verify import Verification
+    from ..verification import Verification
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
