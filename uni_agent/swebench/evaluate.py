@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -30,6 +31,21 @@ class SweEvaluation:
     notes: list[str] = field(default_factory=list)
 
 
+async def apply_patch(sandbox: Sandbox, workdir: str, patch: str, time_left: Callable[[], float]
+                      ) -> tuple[str | None, str]:
+    """Write `patch` into the sandbox and apply it at `workdir` (already shell-quoted) with the first of
+    GIT_APPLY_CMDS that works, as the harness does: the command that applied it (None if none did) and every attempt's
+    output."""
+    await write_file(sandbox, PATCH_PATH, patch.encode())
+    attempts = []
+    for command in GIT_APPLY_CMDS:
+        applied = await sandbox.exec(f"cd {workdir} && {command} {PATCH_PATH}", time_left())
+        attempts.append(f"$ {command} {PATCH_PATH}\n{applied.output}")
+        if applied.exit_code == 0:
+            return command, "\n".join(attempts)
+    return None, "\n".join(attempts)
+
+
 async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: str, timeout: float) -> SweEvaluation:
     """Apply `patch` and run the official eval flow; `timeout` bounds the whole evaluation.
 
@@ -44,16 +60,10 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
     script = eval_script(instance)  # before touching the sandbox: an unknown repo/version fails here
     workdir = shlex.quote(WORKDIR)
     if patch.strip():
-        await write_file(sandbox, PATCH_PATH, patch.encode())
-        attempts = []
-        for command in GIT_APPLY_CMDS:
-            applied = await sandbox.exec(f"cd {workdir} && {command} {PATCH_PATH}", left())
-            attempts.append(f"$ {command} {PATCH_PATH}\n{applied.output}")
-            if applied.exit_code == 0:
-                outcome.patch_applied, outcome.apply_command = True, command
-                break
+        outcome.apply_command, attempts = await apply_patch(sandbox, workdir, patch, left)
+        outcome.patch_applied = outcome.apply_command is not None
         if not outcome.patch_applied:
-            outcome.status, outcome.log = "patch_failed", "\n".join(attempts)
+            outcome.status, outcome.log = "patch_failed", attempts
             outcome.notes.append(f"the patch did not apply with any of: {'; '.join(GIT_APPLY_CMDS)}")
             return outcome
     else:  # an empty patch (the official harness does not evaluate those): the tests run on the unchanged repo

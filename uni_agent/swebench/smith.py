@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
 from ..tasks.rows import seed_row
-from .spec import DEPLOYMENTS, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, test_list
+from .spec import DEPLOYMENTS, GIT_APPLY_CMDS, WORKDIR, test_list
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
@@ -240,6 +240,7 @@ def grade_log(meta: Mapping[str, Any], log: str) -> SmithGrade:
 async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification) -> None:
     """Grade `patch` in a fresh sandbox of the task's image: task state, answer, tests, SWE-smith's rule."""
     from ..sandbox import write_file
+    from .evaluate import apply_patch
 
     meta = agent.reward.metadata
     timeout = agent.reward.eval_timeout
@@ -251,15 +252,9 @@ async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outc
         raise RuntimeError(f"the task's bug_patch did not apply to the repository at {sandbox.workdir} (is this "
                            f"the image {meta.get('image_name') or '?'}?): {state.output[-1500:]}")
     if patch.strip():
-        await write_file(sandbox, PATCH_PATH, patch.encode())
-        attempts = []
-        for command in GIT_APPLY_CMDS:
-            applied = await sandbox.exec(f"cd {workdir} && {command} {PATCH_PATH}", left())
-            attempts.append(f"$ {command} {PATCH_PATH}\n{applied.output}")
-            if applied.exit_code == 0:
-                break
-        else:
-            outcome.status, outcome.log_tail = "patch_failed", "\n".join(attempts)[-LOG_TAIL_CHARS:]
+        applied, attempts = await apply_patch(sandbox, workdir, patch, left)
+        if applied is None:
+            outcome.status, outcome.log_tail = "patch_failed", attempts[-LOG_TAIL_CHARS:]
             outcome.error = f"the patch did not apply with any of: {'; '.join(GIT_APPLY_CMDS)}"
             return
     outcome.patch_applied = True
