@@ -11,6 +11,8 @@ import contextlib
 import io
 import logging
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -106,24 +108,31 @@ def _profiles(pids: list[int], profile_dir: Path | None, name: str):
     if profile_dir is None:
         yield
         return
-    import signal
-    import subprocess
-
     profile_dir.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format",
-                               "speedscope", "--output", str(profile_dir / f"{name}-pid{pid}.json")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in pids]
+    procs = [start_profiler(pid, profile_dir / f"{name}-pid{pid}.json", 100, "speedscope") for pid in pids]
     try:
         yield
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_profilers(procs)
+
+
+def start_profiler(pid: int, output: Path, rate: int, fmt: str) -> subprocess.Popen:
+    """`py-spy record` of one process into `output` (`fmt`: speedscope, raw, flamegraph)."""
+    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
+                             "--format", fmt, "--output", str(output)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profilers(procs: list[subprocess.Popen]) -> None:
+    """SIGINT makes py-spy write its file; one that does not end within a minute is killed."""
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _py_spy() -> str:

@@ -356,12 +356,10 @@ def _profiles(cluster: ProcessCluster, profile_dir: Path | None, name: str):
     def add(pid: int, label: str) -> None:
         if profile_dir is None:
             return
-        from .ours import _py_spy
+        from .ours import start_profiler
 
         profile_dir.mkdir(parents=True, exist_ok=True)
-        procs.append(subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
-                                       "--format", "raw", "--output", str(profile_dir / f"{name}-{label}.txt")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(start_profiler(pid, profile_dir / f"{name}-{label}.txt", 50, "raw"))
 
     add(cluster.procs["scheduler"].pid, "scheduler")
     for worker, pid in cluster.worker_pids.items():
@@ -369,14 +367,9 @@ def _profiles(cluster: ProcessCluster, profile_dir: Path | None, name: str):
     try:
         yield add
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        from .ours import stop_profilers
+
+        stop_profilers(procs)
 
 
 # -- the sweep -----------------------------------------------------------------------------------------------------
