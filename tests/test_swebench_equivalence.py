@@ -220,7 +220,7 @@ def test_a_missing_prediction_is_graded_like_the_harness(tmp_path):
 
 def test_the_old_pytest_parser_would_disagree():
     """The check above is discriminating: our generic pytest parser (bundled tasks) gets django and sympy wrong."""
-    from uni_agent.grading import grade as generic_grade, parse_pytest_log
+    from uni_agent.grading.pytest_log import grade as generic_grade, parse_pytest_log
 
     for instance_id in ("django__django-11099", "sympy__sympy-20590"):
         row = BY_ID[instance_id]

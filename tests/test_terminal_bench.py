@@ -25,7 +25,7 @@ from uni_agent.config import AgentConfigs, ConfigError
 from uni_agent.dataset import build_specs, read_rows
 from uni_agent.terminal_bench import BUNDLED_TASKS_DIR
 from uni_agent.terminal_bench.dockerfile import parse_dockerfile
-from uni_agent.terminal_bench.verifier import RewardFileError, read_reward
+from uni_agent.grading.terminal_bench import RewardFileError, read_reward
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
 from uni_agent.verify_run import verify_all
 

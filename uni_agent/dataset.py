@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from .config import AgentConfigs, ConfigError
 from .rollout import RolloutSpec
-from .verify import check_reward_config
+from .grading import check_reward_config
 
 REQUIRED_COLUMNS = ("prompt", "agent_name", "extra_info")
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .config import AgentConfig
 
 if TYPE_CHECKING:
-    from .verification import Verification
+    from .grading.verification import Verification
 
 ExitReason = Literal["submitted", "max_turns", "context_limit", "timeout_budget", "error"]
 EXIT_REASONS: tuple[str, ...] = ("submitted", "max_turns", "context_limit", "timeout_budget", "error")

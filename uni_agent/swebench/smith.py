@@ -45,7 +45,7 @@ from .spec import DEPLOYMENTS, GIT_APPLY_CMDS, WORKDIR, test_list
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..sandbox import Sandbox
-    from ..verification import Verification
+    from ..grading.verification import Verification
 
 HUB_NAME = "SWE-bench/SWE-smith"
 HUB_SPLIT = "train"

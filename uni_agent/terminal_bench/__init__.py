@@ -7,7 +7,8 @@ machine the agent works in), `tests/test.sh` (the verifier) and `solution/solve.
 - `dockerfile.py`: what the Dockerfile says about the workdir, and whether the host can stand in for the image;
 - `images.py`: build a task's image with podman/docker from its Dockerfile;
 - `preprocess.py`: folders → Parquet rows (tests and solution packed into the row, never shown to the agent);
-- `verifier.py`: the reward contract (upload /tests, run test.sh, read /logs/verifier/reward.txt|json) and the oracle.
+- the reward contract (upload /tests, run test.sh, read /logs/verifier/reward.txt|json) and the oracle: the
+  `terminal_bench` grader, uni_agent/grading/terminal_bench.py.
 
 The bundled tasks (`tasks/`) are ours, written in the Terminal-Bench 2 format.
 """

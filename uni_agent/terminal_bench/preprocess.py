@@ -36,7 +36,7 @@ from . import BUNDLED_TASKS_DIR, DATA_SOURCE, REWARD_NAME
 from .dockerfile import materialize_workspace
 from .images import build_image, image_tag
 from .task import LoadedTask, b64, load_task, task_folders
-from .verifier import COMMAND_OVERHEAD_S
+from ..grading.terminal_bench import COMMAND_OVERHEAD_S
 
 DEPLOYMENTS = ("podman", "docker", "local", "modal")
 SANDBOX_LIFETIME_MARGIN_S = 600.0  # the sandbox outlives the agent + verifier timeouts by this much

@@ -1,4 +1,7 @@
-"""The Terminal-Bench reward contract, run in a sandbox: unpack the hidden tests at /tests, run `bash /tests/test.sh` in
+"""The `terminal_bench` grader: Terminal-Bench 2 tasks, graded in the agent's own sandbox (their rows set
+reward.in_agent_sandbox) or in a fresh sandbox of the task's image with the patch applied.
+
+The reward contract, run in a sandbox: unpack the hidden tests at /tests, run `bash /tests/test.sh` in
 the task's workdir under the verifier timeout, then read /logs/verifier/reward.txt (one number; read first) or
 /logs/verifier/reward.json (an object of numbers: its `reward`, or its only value). Also the oracle: unpack the
 solution at /solution and run `bash /solution/solve.sh` in the workdir under the agent timeout.
@@ -15,14 +18,15 @@ import binascii
 import json
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..sandbox import Sandbox, write_file
 
 if TYPE_CHECKING:
-    from ..config import AgentConfig
-    from ..verification import Verification
+    from ..config import AgentConfig, RewardConfig
+    from .verification import Verification
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
@@ -220,3 +224,22 @@ async def grade_terminal_bench(sandbox: Sandbox, agent: AgentConfig, patch: str,
             outcome.status = "resolved" if outcome.resolved else "unresolved"
     if notes:
         outcome.error = "; ".join(notes)
+
+
+class TerminalBenchGrader:
+    name = "terminal_bench"
+    required_metadata = ("task_id", "workdir", "tests_archive")
+    solves_by_script = True
+
+    def check_metadata(self, metadata: Mapping[str, Any]) -> None:
+        pass
+
+    def time_limit(self, reward: RewardConfig, oracle: bool) -> float:
+        """test.sh has eval_timeout itself (enforced in the sandbox, so what it wrote is still read back); the bound
+        leaves room around it, and the oracle's solve.sh has the agent's timeout on top."""
+        solve = float(reward.metadata.get("agent_timeout_sec", 600)) + COMMAND_OVERHEAD_S if oracle else 0.0
+        return reward.eval_timeout + COMMAND_OVERHEAD_S + solve
+
+    async def grade(self, sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification,
+                    oracle: bool) -> None:
+        await grade_terminal_bench(sandbox, agent, patch, outcome, oracle)

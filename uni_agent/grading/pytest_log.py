@@ -1,6 +1,6 @@
-"""Grading a test log the SWE-bench way: per-test status from the log, then the resolution rule
-(every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes). A test missing from the log counts as
-not passed."""
+"""Grading a pytest log the SWE-bench way (the `swe_local` grader): per-test status from the log, then the
+resolution rule (every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes). A test missing from the
+log counts as not passed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The outcome of grading one answer: what every grader returns and every result row records.
 
-Its own module so that the graders (verify.py's SWE-bench path, terminal_bench/verifier.py, swebench/smith.py) and the
-records that keep it (rollout.py) all import it without importing one another: imports run one way.
+Its own module (importing nothing of uni_agent) so that the graders (grading/*.py, swebench/smith.py) and the records
+that keep it (rollout.py) all import it without importing one another: imports run one way.
 """
 
 from __future__ import annotations
