@@ -14,7 +14,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from uni_agent.tool_parsing import tool_call_json_schema, tool_format_instructions
+from uni_agent.tool_calls import tool_call_json_schema, tool_format_instructions
 from uni_agent.tools import SCHEMAS
 
 binary, model, label = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -33,7 +33,7 @@ from uni_agent.engines.llama_cpp import (
     servers_per_group,
 )
 from uni_agent.placement import PlacementError
-from uni_agent.tool_parsing import tool_call_json_schema
+from uni_agent.tool_calls import tool_call_json_schema
 
 CPU_SERVER = find_binary("cpu")
 needs_server = pytest.mark.skipif(CPU_SERVER is None, reason="no llama-server build: run examples/setup.sh")

@@ -1,4 +1,4 @@
-"""Tests for uni_agent.tool_parsing: structured calls, both text formats, validation and the prompt section."""
+"""Tests for uni_agent.tool_calls: structured calls, both text formats, validation and the prompt section."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from uni_agent.tool_parsing import (
+from uni_agent.tool_calls import (
     TEXT_FORMATS,
     ParsedReply,
     ToolCall,
@@ -392,7 +392,7 @@ def test_hermes_broken_bare_json_call_is_error():
         parse_text('{"name": "execute_bash", "arguments": {"command": "ls"}', TOOLS, "hermes")
 
 
-@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+@pytest.mark.parametrize("fmt", TEXT_FORMATS.names())
 def test_no_call_reply(fmt):
     text = "  I think the bug is in parse().\nNo tool needed yet.  "
     assert parse_text(text, TOOLS, fmt) == ParsedReply(thought=text.strip(), calls=[])
@@ -412,7 +412,7 @@ def _errors_from_all_paths(name: str, arguments: dict) -> list[str]:
     with pytest.raises(ToolCallFormatError) as err:
         parse_structured([structured(name, json.dumps(arguments))], TOOLS)
     messages.append(str(err.value))
-    for fmt in TEXT_FORMATS:
+    for fmt in TEXT_FORMATS.names():
         with pytest.raises(ToolCallFormatError) as err:
             parse_text(format_call(name, arguments, fmt), TOOLS, fmt)
         messages.append(str(err.value))
@@ -485,7 +485,7 @@ def test_json_number_for_integer_and_float_integral():
 # --- prompt section -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+@pytest.mark.parametrize("fmt", TEXT_FORMATS.names())
 def test_instructions_mention_every_tool_and_parameter(fmt):
     text = tool_format_instructions(TOOLS, fmt)
     for tool in TOOLS:
@@ -504,7 +504,7 @@ def test_instructions_show_format_specific_syntax():
     assert '"arguments"' in tool_format_instructions(TOOLS, "hermes")
 
 
-@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+@pytest.mark.parametrize("fmt", TEXT_FORMATS.names())
 def test_instruction_example_parses_as_valid_call(fmt):
     text = tool_format_instructions(TOOLS, fmt)
     example = text.split("Example:\n", 1)[1]
@@ -512,7 +512,7 @@ def test_instruction_example_parses_as_valid_call(fmt):
     assert call.name == "execute_bash" and call.arguments == {"command": "ls -la"}
 
 
-@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+@pytest.mark.parametrize("fmt", TEXT_FORMATS.names())
 def test_format_call_round_trip(fmt):
     args = {"command": "create", "path": "/a.py", "file_text": 'x = "a"\n    y = 2\n', "view_range": [1, 2]}
     (call,) = parse_text(format_call("str_replace_editor", args, fmt), TOOLS, fmt).calls

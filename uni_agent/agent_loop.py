@@ -23,7 +23,7 @@ from .redact import redact
 from .rollout import RolloutResult, RolloutSpec
 from .sandbox import Sandbox, SandboxError
 from .sandbox.start import start_sandbox, workspace_patch
-from .tool_parsing import (
+from .tool_calls import (
     ToolCall,
     ToolCallFormatError,
     parse_structured,

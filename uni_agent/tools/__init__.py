@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..config import InteractionConfig
 from ..sandbox import Sandbox, clip_output
-from ..tool_parsing import ToolCall
+from ..tool_calls import ToolCall
 from .editor import EditorError, StrReplaceEditor
 
 EXECUTE_BASH_SCHEMA = {
