@@ -3,6 +3,7 @@ and Terminal-Bench task folders whose Dockerfiles use them converting to rows.""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def test_heredoc_tasks_build_and_grade_on_podman(tmp_path):
 
     from uni_agent.config import AgentConfigs
     from uni_agent.terminal_bench.preprocess import convert_tasks
-    from uni_agent.verify import verify_reference
+    from uni_agent.grading import verify_reference
 
     try:
         base, _ = ensure_image()
@@ -145,5 +146,6 @@ def test_heredoc_tasks_build_and_grade_on_podman(tmp_path):
                                / "agent_config_podman.yaml")
     for row in pq.read_table(path).to_pylist():
         agent = agents.for_row(row["agent_name"], row["extra_info"]["tools_kwargs"], row["instance_id"])
-        oracle, empty = verify_reference(agent, "oracle"), verify_reference(agent, "empty")
+        oracle = asyncio.run(verify_reference(agent, "oracle"))
+        empty = asyncio.run(verify_reference(agent, "empty"))
         assert (oracle.reward, empty.reward) == (1.0, 0.0), (row["instance_id"], oracle.error, oracle.log_tail)

@@ -24,7 +24,7 @@ from uni_agent.sandbox.local import sandbox_root
 from uni_agent.summary import summarize
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
-from uni_agent.verify import Verification
+from uni_agent.grading import Verification
 
 STATEMENTS = {i["instance_id"]: i["problem_statement"].strip()
               for i in (json.loads(p.read_text()) for p in BUNDLED_DIR.glob("*/instance.json"))}

@@ -30,7 +30,7 @@ from uni_agent.sandbox.container import LABEL, OWNER_LABEL, ContainerSandbox, li
 from uni_agent.sandbox.limiter import start_limits
 from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance
-from uni_agent.verify import verify_patch_async
+from uni_agent.grading import verify_patch
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -476,8 +476,8 @@ def test_bundled_tasks_verify_gold_and_empty_patches_in_podman(image: str) -> No
         for task in tasks:
             agent, instance = agent_for(task)
             assert agent.env.deployment.type == "podman"
-            jobs += [(task, "gold", verify_patch_async(agent, instance["patch"], f"{task}-gold")),
-                     (task, "empty", verify_patch_async(agent, "", f"{task}-empty"))]
+            jobs += [(task, "gold", verify_patch(agent, instance["patch"], f"{task}-gold")),
+                     (task, "empty", verify_patch(agent, "", f"{task}-empty"))]
         outcomes = await asyncio.gather(*(job for _, _, job in jobs))
         return [(task, kind, outcome) for (task, kind, _), outcome in zip(jobs, outcomes, strict=True)]
 

@@ -38,9 +38,9 @@ from uni_agent.config import AgentConfig, AgentConfigs, ConfigError, ModalDeploy
 from uni_agent.sandbox import SandboxError, SandboxStartError, make_sandbox, read_file, write_file
 from uni_agent.sandbox import modal as modal_backend
 from uni_agent.sandbox.limiter import RateLimiter, StartingCap
-from uni_agent.sandbox.local import _python_dirs
+from uni_agent.sandbox.bwrap import _python_dirs
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance
-from uni_agent.verify import verify_patch_async
+from uni_agent.grading import verify_patch
 
 try:
     import modal as real_modal
@@ -490,8 +490,8 @@ def test_bundled_task_verifies_gold_and_empty_in_a_modal_sandbox(cloud: FakeClou
     }, task)
 
     async def main() -> tuple[Any, Any]:
-        return await asyncio.gather(verify_patch_async(agent, instance["patch"], "gold"),
-                                    verify_patch_async(agent, "", "empty"))
+        return await asyncio.gather(verify_patch(agent, instance["patch"], "gold"),
+                                    verify_patch(agent, "", "empty"))
 
     gold, empty = run(main())
     assert (gold.reward, gold.status) == (1.0, "resolved"), (gold.error, gold.log_tail)

@@ -16,6 +16,7 @@ Real SWE-bench images cannot run here (no Docker Hub, no registry access): a use
 with examples/agent_interaction/parallel_verify_swe.py on podman/docker/Modal (see the README).
 """
 
+import asyncio
 import json
 import re
 import subprocess
@@ -304,12 +305,12 @@ def _agent(task, **reward):
     ("garbage", "patch_failed", False),
 ])
 def test_swe_bench_grader_in_a_bubblewrap_sandbox(tiny_task, patch_kind, status, patch_applied):
-    from uni_agent.verify import verify_patch
+    from uni_agent.grading import verify_patch
 
     patch = {"gold": tiny_task["gold"], "empty": "", "tamper": tiny_task["tamper"],
              "garbage": "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n",
              }[patch_kind]
-    outcome = verify_patch(_agent(tiny_task), patch, f"swe-{patch_kind}")
+    outcome = asyncio.run(verify_patch(_agent(tiny_task), patch, f"swe-{patch_kind}"))
     assert outcome.status == status, (outcome.error, outcome.log_tail[-3000:])
     assert outcome.patch_applied is patch_applied
     if status == "patch_failed":
@@ -331,7 +332,7 @@ def test_swe_bench_grader_in_a_bubblewrap_sandbox(tiny_task, patch_kind, status,
 
 def test_swe_bench_grader_with_an_add_only_test_patch(tiny_task):
     """The test patch only adds a file, and the agent created that file first: it is replaced, HEAD stays put."""
-    from uni_agent.verify import verify_patch
+    from uni_agent.grading import verify_patch
 
     new_only = "".join(tiny_task["metadata"]["test_patch"].partition("diff --git a/tests/test_new.py")[1:])
     assert new_only.startswith("diff --git a/tests/test_new.py") and "--- /dev/null" in new_only
@@ -339,19 +340,19 @@ def test_swe_bench_grader_with_an_add_only_test_patch(tiny_task):
                                          FAIL_TO_PASS=json.dumps(["tests/test_new.py::test_new"]), PASS_TO_PASS="[]"))
     agent_file = "diff --git a/tests/test_new.py b/tests/test_new.py\nnew file mode 100644\n--- /dev/null\n" \
                  "+++ b/tests/test_new.py\n@@ -0,0 +1,2 @@\n+def test_new():\n+    pass\n"
-    outcome = verify_patch(_agent(task), agent_file, "swe-add-only")
+    outcome = asyncio.run(verify_patch(_agent(task), agent_file, "swe-add-only"))
     assert outcome.status == "unresolved" and outcome.fail_to_pass == {"tests/test_new.py::test_new": "FAILED"}
-    gold = verify_patch(_agent(task), tiny_task["gold"] + agent_file, "swe-add-only-gold")
+    gold = asyncio.run(verify_patch(_agent(task), tiny_task["gold"] + agent_file, "swe-add-only-gold"))
     assert gold.status == "resolved", gold.log_tail[-3000:]
 
 
 def test_a_timeout_is_reported_as_such(tiny_task):
-    from uni_agent.verify import verify_patch
+    from uni_agent.grading import verify_patch
 
     agent = _agent(tiny_task, eval_timeout=10)
     sleepy = "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n" \
              "@@ -0,0 +1,2 @@\n+import time\n+time.sleep(60)\n"
-    outcome = verify_patch(agent, sleepy, "swe-timeout")
+    outcome = asyncio.run(verify_patch(agent, sleepy, "swe-timeout"))
     assert outcome.status == "timeout" and outcome.reward == 0.0 and outcome.patch_applied
     assert ">>>>> Start Test Output" in outcome.log_tail  # the log up to the timeout is kept
     assert outcome.seconds < 30
@@ -430,7 +431,7 @@ def test_swe_bench_grader_in_a_podman_container(tiny_task):
     """The same flow in a container (podman + runc, the locally built test image: repo copied to /testbed).
     The official SWE-bench images themselves cannot be pulled here."""
     from container_image import ImageUnavailable, ensure_image
-    from uni_agent.verify import verify_patch
+    from uni_agent.grading import verify_patch
 
     try:
         image, _ = ensure_image()
@@ -443,8 +444,8 @@ def test_swe_bench_grader_in_a_podman_container(tiny_task):
               "reward": {"name": "swe_bench", "metadata": tiny_task["metadata"], "eval_timeout": 300}}
     agents = AgentConfigs({"swe_agent": {"name": "swe_agent", "env": {"deployment": {"type": "podman"}}}}, "test")
     agent = agents.for_row("swe_agent", kwargs, "test")
-    gold = verify_patch(agent, tiny_task["gold"], "swe-podman-gold")
+    gold = asyncio.run(verify_patch(agent, tiny_task["gold"], "swe-podman-gold"))
     assert gold.status == "resolved", (gold.error, gold.log_tail[-3000:])
     assert gold.report[tiny_task["metadata"]["instance_id"]]["resolved"] is True
-    tamper = verify_patch(agent, tiny_task["tamper"], "swe-podman-tamper")
+    tamper = asyncio.run(verify_patch(agent, tiny_task["tamper"], "swe-podman-tamper"))
     assert tamper.status == "unresolved" and tamper.fail_to_pass["tests/test_calc.py::test_add"] == "FAILED"

@@ -116,12 +116,12 @@ def test_a_row_with_a_bad_test_list_is_reported_and_the_run_goes_on(tmp_path):
 @pytest.mark.parametrize("answer, reward", [("gold", 1.0), ("empty", 0.0), ("tamper", 0.0)])
 def test_tests_in_the_repository_grade_gold_1_empty_0(tmp_path, answer, reward):
     """The issue's case: no test patch, FAIL_TO_PASS are tests already in repo/; graded for real in bubblewrap."""
-    from uni_agent.verify import verify_patch, verify_reference
+    from uni_agent.grading import verify_patch, verify_reference
 
     out = tmp_path / "rows.parquet"
     convert(SMITH_LIKE, out)
     agent = _agent_for(pq.read_table(out).to_pylist()[0])
-    outcome = verify_patch(agent, TAMPER, "tamper") if answer == "tamper" else verify_reference(agent, answer)
+    outcome = asyncio.run(verify_patch(agent, TAMPER, "tamper") if answer == "tamper" else verify_reference(agent, answer))
     assert outcome.error is None and outcome.patch_applied, (outcome.status, outcome.error, outcome.log_tail)
     assert outcome.reward == reward, outcome.log_tail[-2000:]
     if answer == "gold":
@@ -191,14 +191,14 @@ def _smith_rows() -> list[dict]:
 
 @pytest.mark.parametrize("answer, reward", [("gold", 1.0), ("empty", 0.0), ("tamper", 0.0), ("garbage", 0.0)])
 def test_swe_smith_grader_in_a_bubblewrap_sandbox(answer, reward):
-    from uni_agent.verify import verify_patch, verify_reference
+    from uni_agent.grading import verify_patch, verify_reference
 
     agent = _agent_for(_smith_rows()[1])  # the row whose test lists were JSON strings
     if answer in ("gold", "empty"):
-        outcome = verify_reference(agent, answer)
+        outcome = asyncio.run(verify_reference(agent, answer))
     else:
         garbage = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"
-        outcome = verify_patch(agent, TAMPER if answer == "tamper" else garbage)
+        outcome = asyncio.run(verify_patch(agent, TAMPER if answer == "tamper" else garbage))
     assert outcome.reward == reward, (outcome.error, outcome.log_tail[-3000:])
     if answer == "garbage":
         assert outcome.status == "patch_failed" and "patch --batch --fuzz=5 -p1 -i" in outcome.log_tail
@@ -425,9 +425,9 @@ def rebench_task(tmp_path_factory):
 
 @pytest.mark.parametrize("answer, reward", [("gold", 1.0), ("empty", 0.0)])
 def test_swe_rebench_row_graded_for_real_in_bubblewrap(rebench_task, answer, reward):
-    from uni_agent.verify import verify_reference
+    from uni_agent.grading import verify_reference
 
-    outcome = verify_reference(_agent_for(rebench_task), answer)
+    outcome = asyncio.run(verify_reference(_agent_for(rebench_task), answer))
     assert outcome.reward == reward, (outcome.error, outcome.log_tail[-3000:])
     # install_config's test command, with the locale SWE-rebench's harness puts in front (xtrace shows it apart)
     assert "+ LC_ALL=C.UTF-8\n+ python -m pytest -rA -p no:cacheprovider tests/test_calc.py" in outcome.log_tail
@@ -440,7 +440,7 @@ def test_rows_of_every_source_mix_in_one_run(tmp_path):
     """Verified, SWE-Gym, SWE-rebench, SWE-smith and a repository task in one Parquet file: every row becomes
     rollouts with its own grader and spec; a bad row is reported and the rest go on; the two that run here grade
     gold 1 through the mixed file."""
-    from uni_agent.verify import verify_reference
+    from uni_agent.grading import verify_reference
 
     verified, _ = build_rows(read_instances(FIXTURES / "swebench" / "instances.jsonl"), "local")
     gym, _ = build_rows(read_instances(GYM / "rows.jsonl"), "local", source="swe_gym",
@@ -465,7 +465,7 @@ def test_rows_of_every_source_mix_in_one_run(tmp_path):
     by_id = {r["instance_id"]: r for r in read}
     for spec in specs:
         if spec.data_source in ("swe_smith", "uni-agent/local") and not spec.instance_id.endswith("jsonlists"):
-            outcome = verify_reference(spec.agent, "gold")
+            outcome = asyncio.run(verify_reference(spec.agent, "gold"))
             assert outcome.reward == 1.0, (spec.instance_id, outcome.error, outcome.log_tail[-2000:])
             assert by_id[spec.instance_id]["data_source"] == spec.data_source
 
