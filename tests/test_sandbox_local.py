@@ -17,7 +17,8 @@ from conftest import _cmd, poll_until
 
 from uni_agent.config import LocalDeploymentConfig
 from uni_agent.sandbox import ExecResult, Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
-from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES, LocalSandbox, _python_dirs
+from uni_agent.sandbox.bwrap import _python_dirs
+from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES, LocalSandbox
 
 T = TypeVar("T")
 REPO_FILES = {
@@ -371,15 +372,15 @@ def test_installed_package_with_the_hidden_tests_is_not_visible(repo: Path, monk
     """Installed without -e, uni_agent lives in the venv the sandbox mounts for `python`, and its bundled tasks
     hold tests and solutions: the sandbox shows an empty directory there. (Here the repository is mounted as if
     it were a Python dir, which is what a non-editable install amounts to.)"""
-    from uni_agent.sandbox import local
+    from uni_agent.sandbox import bwrap, local
 
-    repo_root = str(Path(local.PACKAGE_DIR).parent)
-    monkeypatch.setattr(local, "_python_dirs", lambda: [repo_root])
+    repo_root = str(Path(bwrap.PACKAGE_DIR).parent)
+    monkeypatch.setattr(bwrap, "_python_dirs", lambda: [repo_root])
     bundled = Path(local.BUNDLED_TASKS_DIR)
     assert any(bundled.iterdir())
 
     async def body(box: LocalSandbox) -> tuple[str, str]:
-        package = await box.exec(f"ls -A {local.PACKAGE_DIR}", 10)
+        package = await box.exec(f"ls -A {bwrap.PACKAGE_DIR}", 10)
         beside = await box.exec(f"ls {repo_root}", 10)
         return package.output, beside.output
 
@@ -552,8 +553,8 @@ def test_missing_repo_raises_start_error(repo: Path, tmp_path: Path) -> None:
         run(start(str(tmp_path / "no-such-repo")))
     with pytest.raises(SandboxStartError, match="bundled:no-such-task"):
         run(start("bundled:no-such-task"))
-    with pytest.raises(SandboxStartError):
-        make_sandbox(LocalDeploymentConfig(repo=None), {}, "none")
+    with pytest.raises(ValueError, match="needs `repo`"):  # caught by the config now, before any sandbox
+        LocalDeploymentConfig(repo=None)
     assert not (tmp_path / "sandboxes").exists() or list((tmp_path / "sandboxes").iterdir()) == []
 
 

@@ -38,7 +38,7 @@ from uni_agent.config import AgentConfig, AgentConfigs, ConfigError, ModalDeploy
 from uni_agent.sandbox import SandboxError, SandboxStartError, make_sandbox, read_file, write_file
 from uni_agent.sandbox import modal as modal_backend
 from uni_agent.sandbox.limiter import RateLimiter, StartingCap
-from uni_agent.sandbox.local import _python_dirs
+from uni_agent.sandbox.bwrap import _python_dirs
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance
 from uni_agent.grading import verify_patch
 

@@ -34,20 +34,31 @@ class DeploymentBase(StrictModel):
     """Upper bound on any single command in the sandbox."""
     deployment_timeout: float = 3600
     """Lifetime of the sandbox; the rollout is ended when it is reached."""
-    proxy: str | None = None
-    """Proxy for reaching a remote sandbox provider (unused by local sandboxes)."""
-    image: str | None = None
-    """Container image. Local sandboxes have no image: they run on the host's root filesystem, read-only."""
     start_retries: int = 3
     """Attempts at starting a sandbox before the rollout fails (transient errors only)."""
 
 
+class ImageDeploymentBase(DeploymentBase):
+    """A deployment whose sandboxes run a container image, through a provider the driver may reach via a proxy."""
+
+    image: str | None = None
+    """Container image (a registry reference, or for `local` also an OCI layout or archive: see image_store.py)."""
+    proxy: str | None = None
+    """Proxy for reaching the image registry or the sandbox provider."""
+
+
 class LocalDeploymentConfig(DeploymentBase):
-    """A bubblewrap sandbox on this machine: host filesystem read-only, the task repo copy-on-write at `workdir`."""
+    """A bubblewrap sandbox on this machine. Its root is the host's filesystem, read-only, or with `image` the image's
+    root filesystem, copy-on-write; the task repo (`repo`, if given) is mounted copy-on-write at `workdir`."""
 
     type: Literal["local"] = "local"
+    image: str | None = None
+    """A container image to run in, unpacked once per node (no container runtime needed): a registry reference
+    (fetched with skopeo, or from a local podman), `oci:DIR[:TAG]`, `oci-archive:FILE` or `docker-archive:FILE`.
+    Its Env, WorkingDir and User apply. None: the host's own /usr, read-only."""
     repo: str | None = None
-    """The task repository: a directory, or `bundled:<instance_id>` for a bundled task."""
+    """The task repository: a directory, or `bundled:<instance_id>` for a bundled task. Optional with `image`
+    (the image's own `workdir` then, e.g. SWE-bench's /testbed)."""
     workdir: str = "/testbed"
     network: bool = False
     workspace: Literal["auto", "overlay", "copy"] = "auto"
@@ -58,8 +69,14 @@ class LocalDeploymentConfig(DeploymentBase):
     """Processes (and threads) the whole sandbox may run at once, so a fork bomb stays inside it: a pids cgroup per
     sandbox where one is writable (root), else `ulimit -u` (binds non-root workers only); None for no limit."""
 
+    @model_validator(mode="after")
+    def _has_a_root(self) -> LocalDeploymentConfig:
+        if self.repo is None and self.image is None:
+            raise ValueError("a local deployment needs `repo` (a directory or bundled:<instance_id>), `image`, or both")
+        return self
 
-class ContainerDeploymentConfig(DeploymentBase):
+
+class ContainerDeploymentConfig(ImageDeploymentBase):
     """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).
 
     The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
@@ -91,7 +108,7 @@ class ContainerDeploymentConfig(DeploymentBase):
     """Containers of this process that may be starting at once."""
 
 
-class ModalDeploymentConfig(DeploymentBase):
+class ModalDeploymentConfig(ImageDeploymentBase):
     """A Modal sandbox (modal SDK, `pip install 'uni-agent[modal]'`), from a registry image."""
 
     type: Literal["modal"] = "modal"

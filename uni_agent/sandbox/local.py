@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import uuid
@@ -29,9 +28,10 @@ from pathlib import Path
 from ..config import LocalDeploymentConfig
 from .backend import SessionSandbox, Transport, process_transport
 from .base import ExecResult, SandboxError, SandboxStartError
+from .bwrap import Mounts, bwrap_argv
+from .image_store import ImageLease, ImageStore
 from .process_limit import ProcessLimit, reap_orphaned_cgroups
-from .repo import BUNDLED_TASKS_DIR, PACKAGE_DIR, prepare_base_repo, resolve_repo
-from .session import supervisor_argv
+from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
 from .supervisor import CAPTURE_LIMIT_BYTES
 
 __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
@@ -92,26 +92,24 @@ _reap_lock = threading.Lock()
 _owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
 
 
-def _python_dirs() -> list[str]:
-    """Directories the sandbox needs read-only so that `python` (with pytest) works inside it."""
-    dirs = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)}
-    return sorted(d for d in dirs if not d.startswith("/usr/"))
+def image_store() -> ImageStore:
+    """This process's view of the node's image cache (made on first use: most runs never need it)."""
+    if not _image_store:
+        _image_store.append(ImageStore())
+    return _image_store[0]
 
 
-def _supervisor_python() -> str:
-    """The system's python3 where there is one (always in the sandbox: /usr is), else the one running us."""
-    return shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+_image_store: list[ImageStore] = []
 
 
 class LocalSandbox(SessionSandbox):
     def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
-        if config.repo is None:
-            raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>)")
         super().__init__(config, env_variables, f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}")
         self.dir: Path | None = None
         self.use_overlay = False
         self._proc: asyncio.subprocess.Process | None = None
-        self._base: Path | None = None
+        self._base: Path | None = None  # the shared snapshot of the task repo, when there is one
+        self._lease: ImageLease | None = None  # the unpacked image, when the sandbox runs one
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
     extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
@@ -120,20 +118,43 @@ class LocalSandbox(SessionSandbox):
     async def _launch(self) -> Transport:
         if shutil.which("bwrap") is None:
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
-        self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+        if self.config.image:
+            self._lease = await asyncio.to_thread(image_store().open, self.config.image)
+            if "workdir" not in self.config.model_fields_set and self._lease.image.workdir:
+                self.workdir = self._lease.image.workdir  # the image's WorkingDir, unless the row names one
+        if self.config.repo:
+            self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
         root = sandbox_root()
         await asyncio.to_thread(reap_orphaned_sandboxes, root)
         self.dir = root / self.name
-        for sub in ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST):
+        for sub in ("upper", "work", "merged", "root-upper", "root-work", "root", "tmp", "home", STATE_DIR_ON_HOST):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         self.process_limit.create()
         self.use_overlay = await self._overlay_wanted()
         if not self.use_overlay:
-            await asyncio.to_thread(shutil.copytree, self._base, self.dir / "merged", symlinks=True,
-                                    dirs_exist_ok=True)
+            await asyncio.to_thread(self._copy_workspace)
+        if self._lease is not None and self._lease.image.uid != 0:  # what the image's User must be able to write
+            for sub in (STATE_DIR_ON_HOST, "upper", "merged"):
+                os.chown(self.dir / sub, self._lease.image.uid, self._lease.image.gid)
         self._proc = await self._spawn(self._argv(self.use_overlay))
         return process_transport(self._proc, "bwrap")
+
+    def _copy_workspace(self) -> None:
+        """Without overlayfs: full copies (slow for an image: give the worker root, or `workspace: overlay`)."""
+        assert self.dir is not None
+        for lower, _, _, target in self._layers():
+            shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True)
+
+    def _layers(self) -> list[tuple[Path, Path, Path, Path]]:
+        """(shared read-only lower dir, this sandbox's upper and work dirs, mount point) per copy-on-write tree."""
+        assert self.dir is not None
+        d, layers = self.dir, []
+        if self._lease is not None:
+            layers.append((self._lease.image.rootfs, d / "root-upper", d / "root-work", d / "root"))
+        if self._base is not None:
+            layers.append((self._base, d / "upper", d / "work", d / "merged"))
+        return layers
 
     async def _overlay_wanted(self) -> bool:
         wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
@@ -178,6 +199,9 @@ class LocalSandbox(SessionSandbox):
                     proc.kill()
             await proc.wait()
         await asyncio.to_thread(self.process_limit.remove)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         if self.dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.dir, True)
             self.dir = None
@@ -189,53 +213,24 @@ class LocalSandbox(SessionSandbox):
         return await super().exec(command, timeout, stdin=stdin, merge_stderr=merge_stderr)
 
     def _overlay_prefix(self) -> list[str]:
-        assert self.dir is not None and self._base is not None
-        mount = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 && exec "$@"'
-        d = self.dir
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh",
-                str(self._base), str(d / "upper"), str(d / "work"), str(d / "merged")]
+        """A private mount namespace with each copy-on-write tree mounted, then the rest of the argv."""
+        mount = ('while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
+                 '|| exit 1; shift 4; done; shift; exec "$@"')
+        trees = [str(path) for layer in self._layers() for path in layer]
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh", *trees, "--"]
 
     def _bwrap_args(self) -> list[str]:
         assert self.dir is not None
         d = self.dir
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
-        if self.config.network:
-            args.append("--share-net")
-        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-        for link in ("bin", "lib", "lib32", "lib64", "sbin"):
-            target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
-            if target:
-                args += ["--symlink", target, f"/{link}"]
-            elif os.path.isdir(f"/{link}"):
-                args += ["--ro-bind", f"/{link}", f"/{link}"]
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--bind", str(d / "tmp"), "/tmp", "--bind", str(d / "home"), "/root",
-                 "--bind", str(d / STATE_DIR_ON_HOST), self.state_dir]
-        python_dirs = _python_dirs()
-        for python_dir in python_dirs:
-            args += ["--ro-bind", python_dir, python_dir]
-        if any(PACKAGE_DIR.startswith(d + "/") for d in python_dirs):  # installed into the venv, not editable:
-            args += ["--tmpfs", PACKAGE_DIR]  # its bundled tasks hold the tests and solutions the agent must not see
-        args += ["--bind", str(d / "merged"), self.workdir, "--chdir", self.workdir]
-        for key, value in self._base_env().items():
-            args += ["--setenv", key, value]
+        image = self._lease.image if self._lease is not None else None
+        mounts = Mounts(root=d / "root" if image else None, repo=d / "merged" if self._base else None,
+                        tmp=d / "tmp", home=d / "home", state=d / STATE_DIR_ON_HOST)
         # Limits set here bind the supervisor and so every command (a shell's `ulimit` is inherited).
         limits = [self.process_limit.shell_limit()]
         if self.config.max_memory_mb:
             limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
-        args += ["bash", "--noprofile", "--norc", "-c", f'{" ".join(limits)} exec "$@"', "limits",
-                 *supervisor_argv(_supervisor_python(), self.state_dir)]
-        return args
-
-    def _base_env(self) -> dict[str, str]:
-        """The sandbox's environment before `env_variables`: a clean slate, nothing of the host's leaks in."""
-        return {
-            "PATH": f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
+        return bwrap_argv(mounts, self.workdir, self.state_dir, image, network=self.config.network,
+                          shell_limits=" ".join(limits))
 
 
 _overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process

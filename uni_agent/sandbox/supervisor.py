@@ -405,6 +405,17 @@ def _quote(value):
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+def _become(uid_gid):
+    """Run as the image's User ("UID:GID"): the sandbox keeps only the capabilities to do this, and setuid to a
+    non-zero uid drops them, so everything after runs as that user with no privileges at all."""
+    if not uid_gid:
+        return
+    uid, gid = (int(x) for x in uid_gid.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def _exit_code(status):
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)  # as a shell reports it
@@ -416,6 +427,7 @@ def main():
     lifetime_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     # The protocol owns fd 0 and 1; the commands never see them (their own stdin/stdout are pipes).
     try:
+        _become(os.environ.pop("UNI_AGENT_RUN_AS", ""))
         Supervisor(state_dir, lifetime_s).serve()
     except Exception as exc:  # the host reads this from our stderr when the stream ends
         sys.stderr.write("uni-agent supervisor failed: %s: %s\n" % (type(exc).__name__, exc))
