@@ -49,7 +49,8 @@ def _result(**fields) -> RolloutResult:
      "verification: RuntimeError: the test patch did not apply"),
     ({"exit_reason": "max_turns"}, "unresolved", None, "model", "max_turns"),
     ({"exit_reason": "context_limit"}, None, None, "model", "context_limit"),
-    ({"exit_reason": "timeout_budget"}, "unresolved", None, "model", "timeout_budget"),
+    ({"exit_reason": "command_timeouts"}, "unresolved", None, "model", "command_timeouts"),
+    ({"exit_reason": "wall_clock"}, "unresolved", None, "model", "wall_clock"),
     ({"exit_reason": "error", "error": "boom"}, None, None, "infra", "agent: boom"),
     ({}, None, None, "none", "not verified"),
 ])
@@ -132,6 +133,33 @@ def test_store_reads_part_files_written_before_the_new_columns(tmp_path):
     frame = ResultStore(tmp_path).read()
     assert frame.loc[0, "instance_id"] == "old" and frame.loc[0, "input_ids"] is None
     assert ResultStore(tmp_path).done_keys(retry_infra=True) == {("old", 0)}
+
+
+def test_rows_written_with_the_old_exit_reason_names_read_with_todays(tmp_path):
+    """`timeout_budget` (written until the names were split) reads as wall_clock or command_timeouts, by the error
+    the loop wrote with it: in the store, the summary and the report."""
+    old = [_result(instance_id="slow", exit_reason="timeout_budget", failure_kind="model",
+                   failure_cause="timeout_budget", error="the episode ran past its wall-clock budget of 600 s").row(),
+           _result(instance_id="hangs", exit_reason="timeout_budget", failure_kind="model",
+                   failure_cause="timeout_budget", error="more than 3 command timeouts").row(),
+           _result(instance_id="done", exit_reason="submitted", reward=1.0, resolved=True).row()]
+    (tmp_path / "results").mkdir()
+    path = tmp_path / "results" / "part-20250101T000000-old.parquet"
+    pd.DataFrame(old).to_parquet(path)
+    assert pd.read_parquet(path).exit_reason.tolist() == ["timeout_budget", "timeout_budget", "submitted"]
+    expected = {"slow": "wall_clock", "hangs": "command_timeouts", "done": "submitted"}
+    store = ResultStore(tmp_path)
+    frame = store.read()
+    assert dict(zip(frame.instance_id, frame.exit_reason, strict=True)) == expected
+    assert frame.failure_cause.tolist()[:2] == ["wall_clock", "command_timeouts"]
+    narrow = store.read(columns=["instance_id", "exit_reason"])  # the error column is read for it, not returned
+    assert list(narrow.columns) == ["instance_id", "exit_reason"]
+    assert dict(zip(narrow.instance_id, narrow.exit_reason, strict=True)) == expected
+    summary = summarize(pd.read_parquet(path), num_tasks=3, n=1, wall_seconds=10)
+    assert summary["exit_reasons"] == {"submitted": 1, "max_turns": 0, "context_limit": 0, "command_timeouts": 1,
+                                       "wall_clock": 1, "error": 0}
+    html = render_report(pd.read_parquet(path))
+    assert "wall_clock" in html and "command_timeouts" in html and "timeout_budget" not in html
 
 
 # -- the manifest -------------------------------------------------------------------------------------------------

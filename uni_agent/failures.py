@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from .exit_reason import ExitReason
+
 if TYPE_CHECKING:
     from .rollout import RolloutResult
 
@@ -25,7 +27,7 @@ def classify(result: RolloutResult) -> None:
         return
     verification = json.loads(result.verification or "{}")  # "{}" until graded
     verification_status, verification_error = verification.get("status"), verification.get("error")
-    if result.exit_reason == "error":  # an error the loop did not attribute: the loop's own machinery failed
+    if result.exit_reason == ExitReason.ERROR:  # an error the loop did not attribute: the loop's own machinery failed
         infra(result, "agent", result.error or "the episode ended in an error")
         return
     if verification_status == "error" or (verification_status == "timeout" and verification_error
@@ -35,11 +37,12 @@ def classify(result: RolloutResult) -> None:
     if result.resolved:
         result.failure_kind, result.failure_cause = "none", None
         return
-    if result.exit_reason == "submitted" and verification_status is None:  # not graded (yet, or --no-verify)
+    if result.exit_reason == ExitReason.SUBMITTED and verification_status is None:  # not graded (yet, or --no-verify)
         result.failure_kind, result.failure_cause = "none", "not verified"
         return
     result.failure_kind = "model"
-    if result.exit_reason != "submitted":  # max_turns, context_limit, timeout_budget (malformed calls end as max_turns)
+    if result.exit_reason != ExitReason.SUBMITTED:  # max_turns, context_limit, command_timeouts, wall_clock
+        # (malformed calls end as max_turns)
         result.failure_cause = result.exit_reason
     elif verification_status in ("patch_failed", "timeout"):
         result.failure_cause = f"verification {verification_status}"  # the model's patch did not apply or hung

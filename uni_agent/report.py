@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from .config import ConfigError
-from .results import ResultStore
+from .exit_reason import ExitReason
+from .results import ResultStore, migrate_rows
 from .summary import pass_at_k
 
 TIMINGS = (("sandbox_start_s", "sandbox start"), ("llm_s", "LLM"), ("tools_s", "tools"), ("verify_s", "verification"),
@@ -48,7 +49,7 @@ def write_report(output_dir: str | Path, out: str | Path | None = None, *, max_t
 
 def render_report(frame: pd.DataFrame, summary: dict[str, Any] | None = None, *, title: str = "run",
                   max_trajectories: int = 150, slowest: int = 10, failing: int = 50) -> str:
-    df = frame.copy()
+    df = migrate_rows(frame.copy())  # rows of older versions under today's exit-reason names
     for col in ("messages", "patch", "verification", "worker", "exit_reason"):
         df[col] = df[col].fillna("").astype(object)
     df["error"] = df["error"].astype(object).where(df["error"].notna(), None)  # pandas' str dtype gives NaN
@@ -58,7 +59,7 @@ def render_report(frame: pd.DataFrame, summary: dict[str, Any] | None = None, *,
     df["wall_s"] = df["total_s"].astype(float) + df["verify_s"].astype(float)
     df = df.sort_values(["instance_id", "rollout"]).reset_index(drop=True)
     summary = summary or {}
-    failing_rows = df[(df["exit_reason"] == "error") | df["error"].notna()]
+    failing_rows = df[(df["exit_reason"] == ExitReason.ERROR) | df["error"].notna()]
     failing_rows = failing_rows.assign(_err=failing_rows["failure_kind"] == "infra").sort_values(
         ["_err", "instance_id", "rollout"], ascending=[False, True, True]).head(failing)
     slow_rows = df.sort_values("wall_s", ascending=False).head(slowest)
@@ -142,7 +143,7 @@ def _failure_kinds(df: pd.DataFrame) -> pd.Series:
     """Each row's failure_kind; rows written before the column existed get it from exit reason and reward."""
     inferred = pd.Series("model", index=df.index, dtype=object)
     inferred[df["reward"] >= 1] = "none"
-    inferred[df["exit_reason"] == "error"] = "infra"
+    inferred[df["exit_reason"] == ExitReason.ERROR] = "infra"
     if "failure_kind" not in df:
         return inferred
     return df["failure_kind"].astype(object).where(df["failure_kind"].notna(), inferred)
@@ -194,7 +195,7 @@ def _headline(df, avg, lo, hi, n, n_values, pass_k, summary) -> str:
         ("resolved", "rollouts resolved", f"{int((df['reward'] >= 1).sum())} / {len(df)}",
          f"<div class='sub'>{int((df.groupby('instance_id')['reward'].max() >= 1).sum())} of "
          f"{df['instance_id'].nunique()} tasks at least once</div>"),
-        ("errors", "errors", str(int((df["exit_reason"] == "error").sum())),
+        ("errors", "errors", str(int((df["exit_reason"] == ExitReason.ERROR).sum())),
          f"<div class='sub'>{int(df['error'].notna().sum())} rollouts with an error message</div>"),
         ("infra-failures", "infrastructure failures", str(int(infra.sum())),
          f"<div class='sub'>not model results; Avg@{n} without them "

@@ -3,7 +3,8 @@
 Each flush writes a new part file atomically (temp name, then rename), so a crash loses at most the unflushed
 results and never leaves a half-written file; a rerun reads the (instance_id, rollout) keys already present and
 skips them. A rollout run again (--retry-errors) is written first and its old row removed after (`supersede`), so a
-crash in between leaves two rows for a key, of which `read` keeps the newer one: a key never has two rows."""
+crash in between leaves two rows for a key, of which `read` keeps the newer one: a key never has two rows. Rows written
+by older versions read in today's names (`migrate_rows`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .exit_reason import OLD_EXIT_REASONS, migrate_exit_reason
 from .rollout import TOKEN_COLUMNS, RolloutResult
 
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
@@ -79,17 +81,19 @@ class ResultStore:
 
     def read(self, columns: list[str] | None = None) -> pd.DataFrame:
         """Every rollout's row, one per key (the newest attempt). Part files written before a column existed read
-        it as null."""
+        it as null; older exit reasons read in today's names (`migrate_rows`)."""
         files = self._files()
         if not files:
             return pd.DataFrame({f.name: pd.Series(dtype=object) for f in RESULT_SCHEMA}).loc[:, columns or slice(None)]
-        wanted = None if columns is None else list(dict.fromkeys([*columns, *KEY, "attempts"]))
+        # an old exit reason's new name depends on the row's error text (uni_agent.exit_reason)
+        needs = ["error"] if columns is not None and "exit_reason" in columns else []
+        wanted = None if columns is None else list(dict.fromkeys([*columns, *KEY, "attempts", *needs]))
         frame = pa.concat_tables(pq.read_table(f, columns=wanted, schema=RESULT_SCHEMA) for f in files).to_pandas()
         if frame.duplicated(KEY).any():  # a crash between a retried row's write and `supersede`
             frame = (frame.assign(_n=frame["attempts"].map(_attempts))
                      .sort_values("_n", kind="stable").drop_duplicates(KEY, keep="last").drop(columns="_n")
                      .sort_index())
-        return frame.reset_index(drop=True).loc[:, columns or slice(None)]
+        return migrate_rows(frame).reset_index(drop=True).loc[:, columns or slice(None)]
 
     def supersede(self, keys: set[tuple[str, int]]) -> int:
         """Remove the older rows of `keys` (rollouts run again and written anew, their row carrying one attempt
@@ -118,6 +122,17 @@ class ResultStore:
 
     def _files(self) -> list[Path]:
         return sorted(self.dir.glob("part-*.parquet"))
+
+
+def migrate_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with the exit reasons older versions wrote renamed to today's (uni_agent.exit_reason), in exit_reason
+    and in the failure_cause that repeats it: a copy when it held any, else `frame` itself."""
+    if "exit_reason" not in frame or not frame["exit_reason"].isin(OLD_EXIT_REASONS).any():
+        return frame
+    errors = frame["error"] if "error" in frame else pd.Series(None, index=frame.index, dtype=object)
+    renamed = {column: [migrate_exit_reason(value, error) for value, error in zip(frame[column], errors, strict=True)]
+               for column in ("exit_reason", "failure_cause") if column in frame}
+    return frame.assign(**renamed)
 
 
 def _attempts(value: str | None) -> int:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .config import AgentConfig
+from .exit_reason import ExitReason
 
 if TYPE_CHECKING:
     from .grading.verification import Verification
 
-ExitReason = Literal["submitted", "max_turns", "context_limit", "timeout_budget", "error"]
-EXIT_REASONS: tuple[str, ...] = ("submitted", "max_turns", "context_limit", "timeout_budget", "error")
 # Whose failure a row is (uni_agent.failures): none (resolved), the model's, or the infrastructure's.
 FAILURE_KINDS: tuple[str, ...] = ("none", "model", "infra")
 # Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
@@ -41,7 +40,7 @@ class RolloutResult:
     rollout: int
     data_source: str
     agent_name: str
-    exit_reason: str
+    exit_reason: str  # an ExitReason's value (a plain string: the Parquet column and the events carry it)
     messages: str = "[]"  # JSON: the whole conversation, tool calls and observations included
     patch: str = ""
     reward: float = 0.0
@@ -80,6 +79,10 @@ class RolloutResult:
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def end(self, reason: ExitReason, error: str | None = None) -> None:
+        """Record why the episode ended, and the error that ended it."""
+        self.exit_reason, self.error = ExitReason(reason).value, error
 
     def record(self, verification: Verification) -> None:
         """Take a verification's reward; a grading that failed to run also becomes the rollout's error."""

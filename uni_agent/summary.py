@@ -10,7 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from .rollout import EXIT_REASONS, FAILURE_KINDS
+from .exit_reason import EXIT_REASONS
+from .results import migrate_rows
+from .rollout import FAILURE_KINDS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -22,6 +24,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: float, extra: dict | None = None
               ) -> dict[str, Any]:
+    results = migrate_rows(results)  # rows of older versions counted under today's names
     rewards = results["reward"].astype(float) if len(results) else pd.Series(dtype=float)
     exit_reasons = {reason: 0 for reason in EXIT_REASONS}
     for reason, count in results["exit_reason"].value_counts().items() if len(results) else []:

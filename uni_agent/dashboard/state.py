@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import STATES, unbatch
+from ..exit_reason import migrate_exit_reason
 
 TERMINAL = frozenset({"done", "failed"})
 IN_SANDBOX = frozenset({"starting_sandbox", "running"})  # load on the rollout's agent worker
@@ -228,6 +229,7 @@ class DashboardState:
 
     def _finish(self, run: RunState, r: Rollout, state: str, t: float, msg: dict[str, Any]) -> None:
         final = {k: msg.get(k) for k in FINAL_FIELDS}
+        final["exit_reason"] = migrate_exit_reason(final["exit_reason"], final["error"])  # an older worker's name
         reward = _float(final.get("reward")) or 0.0
         final["reward"] = reward
         r.final = final

@@ -1,0 +1,36 @@
+"""Why an episode ended: one enum, written to every result row and event, and read back from older rows.
+
+Until this enum, one name (`timeout_budget`) meant both "too many command timeouts" and "out of wall-clock time";
+rows written then are renamed when read (`migrate_exit_reason`), telling the two apart by the error text the agent
+loop wrote with them. Nothing else is imported here: the dashboard's fold and the Parquet readers both use it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ExitReason(StrEnum):
+    SUBMITTED = "submitted"  # the model called `submit`
+    MAX_TURNS = "max_turns"  # interaction.max_turns model calls without a submit
+    CONTEXT_LIMIT = "context_limit"  # the conversation outgrew the model's context window
+    COMMAND_TIMEOUTS = "command_timeouts"  # more than interaction.timeout_budget commands ran past action_timeout
+    WALL_CLOCK = "wall_clock"  # past interaction.episode_timeout (or the sandbox's deployment_timeout)
+    ERROR = "error"  # the sandbox, the LLM endpoint or the loop itself failed (failures.py says which)
+
+
+EXIT_REASONS: tuple[str, ...] = tuple(reason.value for reason in ExitReason)
+
+# An older row's `timeout_budget` was a wall-clock end when its error said so (agent_loop wrote "... ran past its
+# wall-clock budget of N s"), else too many command timeouts ("more than N command timeouts").
+OLD_EXIT_REASONS: tuple[str, ...] = ("timeout_budget",)  # names no version writes any more
+_WALL_CLOCK_MARK = "wall-clock"
+
+
+def migrate_exit_reason(reason: object, error: object = None) -> object:
+    """The current name of an exit reason an older version wrote; any other value (current names, null) as is."""
+    if reason not in OLD_EXIT_REASONS:
+        return reason
+    if isinstance(error, str) and _WALL_CLOCK_MARK in error:
+        return ExitReason.WALL_CLOCK.value
+    return ExitReason.COMMAND_TIMEOUTS.value
