@@ -15,11 +15,11 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from uni_agent.tool_calls import tool_call_json_schema, tool_format_instructions
-from uni_agent.tools import SCHEMAS
+from uni_agent.tools.toolbox import tool_schemas
 
 binary, model, label = sys.argv[1], sys.argv[2], sys.argv[3]
 extra = sys.argv[4:]
-schemas = [SCHEMAS[n] for n in ["str_replace_editor", "execute_bash", "submit"]]
+schemas = tool_schemas(["str_replace_editor", "execute_bash", "submit"])
 msgs = [{"role": "system", "content": "You are a coding agent.\n\n" + tool_format_instructions(schemas, "hermes")},
         {"role": "user", "content": "Fix the bug in calc.py: add() returns a-b instead of a+b. The repo is in /testbed."}]
 URL = "http://127.0.0.1:8931/v1/chat/completions"

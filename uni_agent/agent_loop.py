@@ -31,7 +31,7 @@ from .tool_calls import (
     tool_call_json_schema,
     tool_format_instructions,
 )
-from .tools import Toolbox
+from .tools.toolbox import Toolbox
 from .trajectory import TurnTokens, build_sequence
 
 log = structlog.get_logger("uni_agent.agent")

@@ -16,7 +16,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-TOOL_NAMES = ("str_replace_editor", "execute_bash", "submit")
+from .tool_calls.registry import TEXT_FORMATS
+from .tools.registry import TOOLS
+
+TOOL_NAMES = tuple(TOOLS.names())  # the default tool list: every built-in tool, in registry order
 
 
 class ConfigError(ValueError):
@@ -188,14 +191,20 @@ class InteractionConfig(StrictModel):
     episode_timeout: float | None = None
     """Wall-clock seconds for the whole episode; when exceeded the rollout ends with `timeout_budget`."""
     max_observation_chars: int = 16000
-    tool_parser: Literal["qwen3_coder", "hermes"] = "hermes"
-    """Format used to read tool calls written as text (structured `tool_calls` are always accepted)."""
+    tool_parser: str = "hermes"
+    """Format used to read tool calls written as text (structured `tool_calls` are always accepted): a name in
+    uni_agent.tool_calls.registry (qwen3_coder, hermes)."""
     tools_in: Literal["api", "prompt"] = "api"
     """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
     template ignores tools)."""
     constrain_tool_calls: bool = False
     """With tools_in=prompt: ask the server to constrain every reply to one valid JSON tool call
     (`response_format` with a JSON schema, as llama.cpp's server supports). Small models need it."""
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        return TEXT_FORMATS.check(name)
 
     @model_validator(mode="after")
     def _constraint_needs_prompt_tools(self) -> InteractionConfig:
@@ -206,13 +215,12 @@ class InteractionConfig(StrictModel):
 
 class ToolSpec(StrictModel):
     name: str
+    """A name in uni_agent.tools.registry."""
 
     @field_validator("name")
     @classmethod
     def _known_tool(cls, name: str) -> str:
-        if name not in TOOL_NAMES:
-            raise ValueError(f"unknown tool {name!r}; available tools: {', '.join(TOOL_NAMES)}")
-        return name
+        return TOOLS.check(name)
 
 
 class RewardConfig(StrictModel):
