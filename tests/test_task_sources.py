@@ -121,7 +121,8 @@ def test_tests_in_the_repository_grade_gold_1_empty_0(tmp_path, answer, reward):
     out = tmp_path / "rows.parquet"
     convert(SMITH_LIKE, out)
     agent = _agent_for(pq.read_table(out).to_pylist()[0])
-    outcome = asyncio.run(verify_patch(agent, TAMPER, "tamper") if answer == "tamper" else verify_reference(agent, answer))
+    answering = verify_patch(agent, TAMPER, "tamper") if answer == "tamper" else verify_reference(agent, answer)
+    outcome = asyncio.run(answering)
     assert outcome.error is None and outcome.patch_applied, (outcome.status, outcome.error, outcome.log_tail)
     assert outcome.reward == reward, outcome.log_tail[-2000:]
     if answer == "gold":

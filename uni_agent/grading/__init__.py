@@ -1,8 +1,8 @@
-"""Grading: what a reward type is (grader.py), the graders by name (registry.py), and verification as coroutines on
-the worker's event loop (verify.py).
+"""Grading: what a reward type is (grader.py), the graders by name (registry.py), and verification as coroutines
+on the worker's event loop (verify.py).
 
-Imports run one way: config → sandbox → grading → agent loop → worker → driver. Graders that grade in the agent's own
-sandbox reach the agent loop through a hook (`grade_in_sandbox`, passed in by the worker), never by an import.
+Imports run one way: config → sandbox → grading → agent loop → worker → driver. Grading in the agent's own sandbox
+reaches the agent loop as a hook (`grade_in_sandbox`, passed in by the worker), never by an import.
 
 Graders (the row's `reward.name`):
 - `swe_local` (swe_local.py): bundled and user tasks in SWE-bench form; pytest, our log parser (pytest_log.py).
