@@ -26,7 +26,7 @@ def test_real_model_rollouts_end_to_end(tmp_path, dask_client):
                   max_tokens=128, output_dir=str(tmp_path), progress=False)
     results = pd.read_parquet(tmp_path / "results")
     assert len(results) == 3 and set(results.rollout) == {0}
-    assert set(results.exit_reason) <= {"submitted", "max_turns", "context_limit", "timeout_budget"}, \
+    assert set(results.exit_reason) <= {"submitted", "max_turns", "context_limit", "command_timeouts", "wall_clock"}, \
         results[["exit_reason", "error"]].to_dict("records")
     assert (results.num_turns >= 1).all()
     assert (results.completion_tokens > 0).all() and (results.llm_s > 0).all()

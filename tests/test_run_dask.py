@@ -128,7 +128,7 @@ def test_exit_reasons(rows, tmp_path, dask_client):
         {"interaction": {"tools_in": "api", "constrain_tool_calls": False, "action_timeout": 1, "timeout_budget": 0}})
     with ScriptedLLM(lambda b: tool_call_message("execute_bash", {"command": "sleep 20"})) as server:
         out = _run(rows[:1], tmp_path / "d", dask_client, server, agents=agents)
-    assert out.results.exit_reason.tolist() == ["timeout_budget"]
+    assert out.results.exit_reason.tolist() == ["command_timeouts"]
     assert out.results.total_s[0] < 15
 
     # The episode's wall clock also ends a rollout in the middle of a long command.
@@ -136,7 +136,7 @@ def test_exit_reasons(rows, tmp_path, dask_client):
         {"interaction": {"tools_in": "api", "constrain_tool_calls": False, "action_timeout": 60, "episode_timeout": 2}})
     with ScriptedLLM(lambda b: tool_call_message("execute_bash", {"command": "sleep 30"})) as server:
         out = _run(rows[:1], tmp_path / "e", dask_client, server, agents=agents)
-    assert out.results.exit_reason.tolist() == ["timeout_budget"]
+    assert out.results.exit_reason.tolist() == ["wall_clock"]
     assert "wall-clock budget of 2 s" in out.results.error[0]
     assert out.results.total_s[0] < 10
 

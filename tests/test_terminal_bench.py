@@ -242,7 +242,7 @@ def check_agent_run(outcome, tasks: list[str], out: Path) -> pd.DataFrame:
         assert verification["status"] == "resolved" and verification["reward_source"] in ("reward.txt", "reward.json")
     # The whole-episode budget from task.toml ([agent] timeout_sec = 15) ended the slow one mid-command.
     slow = results.loc["quick-answer"]
-    assert slow["exit_reason"] == "timeout_budget" and "wall-clock budget of 15 s" in slow["error"]
+    assert slow["exit_reason"] == "wall_clock" and "wall-clock budget of 15 s" in slow["error"]
     assert 14 < slow["total_s"] < 40 and slow["reward"] == 0.0
     assert json.loads(slow["verification"])["status"] == "unresolved"  # still graded, as every rollout is
     assert outcome.summary["avg_at_n"] == pytest.approx((len(tasks) - 1) / len(tasks))

@@ -187,9 +187,9 @@ class InteractionConfig(StrictModel):
     """Seconds a single tool command may run before it is killed."""
     max_turns: int = Field(default=50, ge=1)
     timeout_budget: int = Field(default=3, ge=0)
-    """How many command timeouts a rollout may take; one more ends it with exit reason `timeout_budget`."""
+    """How many command timeouts a rollout may take; one more ends it with exit reason `command_timeouts`."""
     episode_timeout: float | None = None
-    """Wall-clock seconds for the whole episode; when exceeded the rollout ends with `timeout_budget`."""
+    """Wall-clock seconds for the whole episode; when exceeded the rollout ends with `wall_clock`."""
     max_observation_chars: int = 16000
     tool_parser: str = "hermes"
     """Format used to read tool calls written as text (structured `tool_calls` are always accepted): a name in

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .rollout import RolloutResult
 
 
 @dataclass
@@ -66,6 +69,33 @@ def build_sequence(turns: list[TurnTokens]) -> Sequence:
         seq.loss_mask += [trained] * len(turn.completion_ids)
         seq.logprobs += list(turn.logprobs)
     return seq
+
+
+class TokenLog:
+    """One rollout's model calls' tokens, as they come. A rollout some of whose calls came back without tokens gets
+    none: a sequence with a hole would not be what the model saw."""
+
+    def __init__(self) -> None:
+        self.turns: list[TurnTokens] = []
+        self.missing: str | None = None  # the first call that came back without tokens, and why
+        self.source = ""  # the token-capture protocol the calls asked for (llm.TOKEN_CAPTURE), "" for none
+
+    def add(self, turn: int, tokens: TurnTokens | None, source: str, missing: str | None) -> None:
+        self.source = source
+        if tokens is not None:
+            self.turns.append(tokens)
+        elif source and self.missing is None:
+            self.missing = f"turn {turn}: {missing}"
+
+    def fill(self, result: RolloutResult) -> None:
+        """The row's token columns: the training sequence, or why there is none."""
+        result.token_source = self.source
+        if self.missing is not None:
+            result.tokens_missing = self.missing
+        elif self.turns:
+            seq = build_sequence(self.turns)
+            result.input_ids, result.loss_mask, result.logprobs = seq.input_ids, seq.loss_mask, seq.logprobs
+            result.token_drift = seq.drift_json()
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from .events import worker_emitter
+from .grading import grade_in_sandbox
 from .llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from .logs import configure_logging
 from .redact import register_secret
@@ -58,7 +59,9 @@ class AgentWorker:
         self.in_flight += 1
         try:
             loop_class = _import(spec.agent.target)
-            result: RolloutResult = await loop_class(spec.agent, session, self.emit).run(spec, worker=self.address)
+            # the loop imports no grading: a reward graded in the agent's own sandbox comes in through this hook
+            loop = loop_class(spec.agent, session, self.emit, grade_in_sandbox=grade_in_sandbox)
+            result: RolloutResult = await loop.run(spec, worker=self.address)
         finally:
             session.close()
             self.in_flight -= 1
