@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from .current_worker import current_worker
+
 TOPIC = "uni-agent"
 STATES = ("queued", "starting_sandbox", "running", "verifying", "done", "failed")
 MAX_TRAJECTORY_CHARS = 200_000  # the detail view's copy; the full trajectory is in the Parquet results
@@ -46,11 +48,8 @@ def no_emit(_: dict[str, Any]) -> None:
 
 def worker_emitter() -> Emit:
     """Events from inside a Dask worker (an actor's rollout), or nothing outside one."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except ValueError:
+    worker = current_worker()
+    if worker is None:
         return no_emit
 
     def emit(msg: dict[str, Any]) -> None:

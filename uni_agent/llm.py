@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -51,7 +51,6 @@ class ChatReply:
     prompt_tokens: int
     completion_tokens: int
     latency_s: float
-    raw_message: dict[str, Any] = field(default_factory=dict)
     tokens: TurnTokens | None = None
     tokens_missing: str | None = None  # why `tokens` is None when token capture was asked for
     token_source: str = ""  # the TOKEN_CAPTURE protocol asked for, "" when none
@@ -247,7 +246,6 @@ class ChatClient:
         reply = ChatReply(content=content, tool_calls=[], finish_reason=finish,  # the counts as the engine made them
                           prompt_tokens=int(data.get("tokens_evaluated") or 0),
                           completion_tokens=int(data.get("tokens_predicted") or 0), latency_s=latency,
-                          raw_message={"role": "assistant", "content": content},
                           tokens=TurnTokens(ids, sampled, logprobs), token_source="llama_server", raw_text=content)
         reply.context = TokenContext(ids + sampled, rendered + detokenized["content"])
         return reply
@@ -320,7 +318,6 @@ class ChatClient:
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
             latency_s=latency,
-            raw_message=message,
         ), data
 
 

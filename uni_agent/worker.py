@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from .current_worker import worker_address
 from .events import worker_emitter
 from .grading import grade_in_sandbox
 from .llm import ChatClient, ChatReply, EndpointDownError, LLMError
@@ -43,8 +44,7 @@ class AgentWorker:
                                         retry_unreachable=len(urls) == 1, token_capture=token_capture)
                         for url in urls}
         self.router = Router(self.clients, give_up_after=llm_timeout)
-        self.in_flight = 0
-        self.address = _worker_address()
+        self.address = worker_address()
         self.emit = worker_emitter()
         # Rollouts handed over in batches (uni_agent.mailbox): finished ones wait here for the driver's collect.
         self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
@@ -56,7 +56,6 @@ class AgentWorker:
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
         use_pidfd_child_watcher()
         session = self.router.session()
-        self.in_flight += 1
         try:
             loop_class = _import(spec.agent.target)
             # the loop imports no grading: a reward graded in the agent's own sandbox comes in through this hook
@@ -64,7 +63,6 @@ class AgentWorker:
             result: RolloutResult = await loop.run(spec, worker=self.address)
         finally:
             session.close()
-            self.in_flight -= 1
         if spec.agent.log_dir:
             _save_trajectory(spec.agent.log_dir, result)
         return result
@@ -244,15 +242,6 @@ def use_pidfd_child_watcher() -> None:
 def _import(target: str) -> Any:
     module, _, name = target.rpartition(".")
     return getattr(importlib.import_module(module), name)
-
-
-def _worker_address() -> str:
-    try:
-        from distributed import get_worker
-
-        return get_worker().address
-    except ValueError:
-        return "local"
 
 
 def _save_trajectory(log_dir: str, result: RolloutResult) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from ..current_worker import worker_address
 from ..placement import place_replicas, release_replicas
 from ..settings import RunSettings
 from . import Engines
@@ -106,7 +107,7 @@ class VllmServer(ServerActor):
             self.crashes.append({"restart_failed": f"{type(exc).__name__}: {exc}"})
 
     async def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.url, "worker": _worker_address(),
+        return {"name": self.name, "url": self.url, "worker": worker_address(),
                 "cuda_visible_devices": self.cuda_visible_devices, "alive": await self.alive(),
                 "pid": self._proc.pid if self._proc is not None else None,
                 "restarts": self.restarts, "crashes": self.crashes}
@@ -120,15 +121,6 @@ class VllmServer(ServerActor):
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
         await super().stop()
-
-
-def _worker_address() -> str:
-    try:
-        from distributed import get_worker
-
-        return get_worker().address
-    except ValueError:
-        return "local"
 
 
 def _dask_event(msg: dict[str, Any]) -> None:
