@@ -60,13 +60,13 @@ def test_turn_tokens_refuse_misaligned_logprobs():
 def test_llama_server_logprobs_line_up_with_every_sampled_id():
     """llama-server leaves out of logprobs.content a token that ends inside a multi-byte UTF-8 character (here the
     first byte-token of an emoji, as it answered the real SmolLM2): that id gets NaN, every other id its own."""
-    from uni_agent.llm import _aligned_logprobs
+    from uni_agent.llm.tokens import aligned_logprobs
 
     ids = [17, 40303, 228, 2]
     entries = [{"id": 17, "logprob": -1.0}, {"id": 228, "logprob": -0.5}, {"id": 2, "logprob": -0.25}]
-    assert np.array_equal(_aligned_logprobs(ids, entries), [-1.0, np.nan, -0.5, -0.25], equal_nan=True)
+    assert np.array_equal(aligned_logprobs(ids, entries), [-1.0, np.nan, -0.5, -0.25], equal_nan=True)
     with pytest.raises(Exception, match="do not line up"):
-        _aligned_logprobs([17, 2], [{"id": 17, "logprob": -1.0}, {"id": 99, "logprob": -1.0}])
+        aligned_logprobs([17, 2], [{"id": 17, "logprob": -1.0}, {"id": 99, "logprob": -1.0}])
 
 
 def test_token_capture_follows_the_engine_unless_told():
