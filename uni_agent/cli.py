@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError
+from .engines.registry import ENGINES
 
 # Flags of both `run` and `verify`: which rows, which cluster, where results go.
 COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -24,7 +25,7 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
 RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--model-path", {"help": "GGUF file (llama_cpp) or model path (vllm)"}),
     ("--model", {"dest": "model_name", "help": "served model name (external: which model to call)"}),
-    ("--engine", {"choices": ["llama_cpp", "external", "vllm"]}),
+    ("--engine", {"choices": ENGINES.names()}),
     ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
     ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
     ("--num-workers", {"type": int, "help": "agent-worker actors"}),

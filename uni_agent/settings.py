@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from .config import ConfigError
+from .engines.registry import ENGINES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETTINGS_FILE = REPO_ROOT / "settings" / "default.yaml"
@@ -58,7 +59,7 @@ class RunSettings(BaseSettings):
     worker_wait_timeout: float = Field(300, gt=0)
 
     # LLM engine
-    engine: Literal["llama_cpp", "external", "vllm"] = "llama_cpp"
+    engine: str = "llama_cpp"  # a name in uni_agent.engines.registry
     model_path: str | None = None
     model_name: str | None = None
     base_url: str | None = None
@@ -93,6 +94,11 @@ class RunSettings(BaseSettings):
     # Token-exact trajectories (uni_agent.llm.TOKEN_CAPTURE): auto = llama_server for llama_cpp, vllm for vllm, off for
     # an external endpoint (name its protocol to capture there)
     token_capture: Literal["auto", "off", "llama_server", "vllm"] = "auto"
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        return ENGINES.check(name)
 
     @field_validator("max_samples")
     @classmethod

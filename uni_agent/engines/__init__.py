@@ -1,15 +1,17 @@
 """LLM engines. Each speaks the OpenAI-compatible API; a server engine runs as a subprocess owned by a Dask actor
-that publishes its URL. `start_engines` returns the URLs the agent workers should use."""
+that publishes its URL. `start_engines` starts the chosen engine (found by name in registry.py) and returns the URLs
+the agent workers should use."""
 
 from __future__ import annotations
 
-import importlib
-
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..settings import RunSettings
+from .registry import ENGINES
+
+if TYPE_CHECKING:  # settings imports registry.py, which runs this __init__ first: no run-time import back
+    from ..settings import RunSettings
 
 
 @dataclass
@@ -35,18 +37,14 @@ class Engines:
             raise errors[0]
 
 
-# The seam: engine name -> "module:function" with the signature (client, settings, log_dir) -> Engines. A new engine
-# (SGLang, say) is one module with one such function, one line here, and its name in RunSettings.engine.
-ENGINES = {
-    "external": "external:external_engines",
-    "llama_cpp": "llama_cpp:start_llama_cpp",
-    "vllm": "vllm:start_vllm",
-}
+class StartEngines(Protocol):
+    """What registry.ENGINES holds: start the engine's servers (or check an external endpoint) for this run, on the
+    Dask cluster of `client`, server logs under `log_dir`."""
+
+    async def __call__(self, client: Any, settings: RunSettings, log_dir: str) -> Engines: ...
 
 
 async def start_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:
-    if settings.engine not in ENGINES:
-        raise ValueError(f"unknown engine {settings.engine!r}; known: {', '.join(sorted(ENGINES))}")
-    module, function = ENGINES[settings.engine].split(":")
-    start = getattr(importlib.import_module(f".{module}", __name__), function)  # imported only when chosen
+    """An unknown engine name is an UnknownName (a ValueError) listing the known ones."""
+    start: StartEngines = ENGINES.get(settings.engine)
     return await start(client, settings, log_dir)
