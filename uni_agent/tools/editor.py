@@ -4,27 +4,25 @@ The editor runs on the host and reaches files only through the sandbox's `exec` 
 it), so it behaves the same on every backend. Every path is checked twice: lexically (no `..` or absolute path out of
 the workspace) and after `realpath` inside the sandbox (no symbolic link out of it). Edits work on bytes: the region
 that changes is spliced into the original bytes, so everything outside it (line endings, tabs, a missing trailing
-newline) is kept exactly. Undo history lives in memory, one stack per resolved path.
+newline) is kept exactly. Undo history lives in memory, one stack per resolved path. The schema the model sees is in
+editor_schema.py, the pure path/text/argument helpers in editor_text.py.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ..sandbox.base import ExecResult, Sandbox, write_file
+from .editor_schema import COMMANDS, SCHEMA
+from .editor_text import (EditorError, encode, find_all, inside, int_arg, line_end_offset, normalise, parse_view_range,
+                          split_lines, string_arg)
 
-COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 SNIPPET_CONTEXT_LINES = 4  # lines shown above and below an edit
 
 Kind = Literal["file", "dir", "other", "missing"]
-
-
-class EditorError(Exception):
-    """A bad request; str(e) is the observation shown to the model."""
 
 
 @dataclass(frozen=True)
@@ -35,59 +33,7 @@ class _Target:
 
 
 class StrReplaceEditor:
-    SCHEMA: dict = {
-        "type": "function",
-        "function": {
-            "name": "str_replace_editor",
-            "description": (
-                "View, create and edit files in the workspace. Paths may be absolute or relative to the workspace "
-                "root; they must stay inside the workspace.\n"
-                "* view: a file is shown with line numbers (like `cat -n`); use view_range [start, end] for a part "
-                "(end -1 means to the end). A directory lists its non-hidden entries up to 2 levels deep.\n"
-                "* create: write file_text to a new file (it must not exist yet); parent directories are created.\n"
-                "* str_replace: replace old_str with new_str. old_str must match exactly one place in the file, "
-                "character for character, including whitespace and indentation; include enough surrounding lines "
-                "to make it unique. Omitting new_str deletes old_str.\n"
-                "* insert: insert new_str after line insert_line (0 inserts at the top of the file).\n"
-                "* undo_edit: revert the last create/str_replace/insert made to the file."
-            ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "command": {
-                        "type": "string",
-                        "enum": list(COMMANDS),
-                        "description": "The operation: view, create, str_replace, insert or undo_edit.",
-                    },
-                    "path": {
-                        "type": "string",
-                        "description": "File or directory path, absolute or relative to the workspace root.",
-                    },
-                    "file_text": {"type": "string", "description": "create: the whole content of the new file."},
-                    "old_str": {
-                        "type": "string",
-                        "description": "str_replace: the exact text to replace; it must occur exactly once.",
-                    },
-                    "new_str": {
-                        "type": "string",
-                        "description": "str_replace: the replacement (default: empty). insert: the text to insert.",
-                    },
-                    "insert_line": {
-                        "type": "integer",
-                        "description": "insert: new_str goes after this line number (0 = before the first line).",
-                    },
-                    "view_range": {
-                        "type": "array",
-                        "items": {"type": "integer"},
-                        "minItems": 2,
-                        "maxItems": 2,
-                        "description": "view: [start, end] line numbers, 1-based and inclusive; end -1 = to the end.",
-                    },
-                },
-                "required": ["command", "path"],
-            },
-        },
-    }
+    SCHEMA: dict = SCHEMA
 
     def __init__(self, sandbox: Sandbox, *, max_view_chars: int = 16000, timeout: float = 60):
         self.sandbox = sandbox
@@ -105,7 +51,7 @@ class StrReplaceEditor:
             raise EditorError(f"Parameter `command` is required; valid commands: {', '.join(COMMANDS)}")
         if command not in COMMANDS:
             raise EditorError(f"Unknown command {command!r}; valid commands: {', '.join(COMMANDS)}")
-        path = _string_arg(arguments, "path", command, required=True)
+        path = string_arg(arguments, "path", command, required=True)
         assert path is not None
         target = await self._resolve(path)
         handler = {
@@ -134,14 +80,14 @@ class StrReplaceEditor:
                     "undecodable bytes are shown as \N{REPLACEMENT CHARACTER}.\n")
         if truncated:
             note += f"Note: only the first {len(data)} bytes could be read; {truncated} more bytes were not.\n"
-        lines = _split_lines(text)
+        lines = split_lines(text)
         total = len(lines)
         if view_range is None:
             if total == 0:
                 return f"{note}The file {target.shown} is empty."
             start, end = 1, total
         else:
-            start, end = _parse_view_range(view_range, total, target.shown)
+            start, end = parse_view_range(view_range, total, target.shown)
         body = self._render(lines, start, end, total)
         return f"{note}Lines {start}-{end} of {total} in {target.shown}:\n{body}"
 
@@ -171,25 +117,25 @@ class StrReplaceEditor:
         return text
 
     async def _create(self, target: _Target, arguments: dict) -> str:
-        file_text = _string_arg(arguments, "file_text", "create", required=True)
+        file_text = string_arg(arguments, "file_text", "create", required=True)
         assert file_text is not None
         if target.kind != "missing":
             what = "directory" if target.kind == "dir" else "file"
             raise EditorError(f"{target.shown} already exists (a {what}); create only makes new files. "
                               "Use str_replace or insert to change an existing file.")
-        await self._write(target, _encode(file_text, "file_text"))
+        await self._write(target, encode(file_text, "file_text"))
         self._history.setdefault(target.real, []).append(None)
-        return f"Created {target.shown} ({len(_split_lines(file_text))} lines)."
+        return f"Created {target.shown} ({len(split_lines(file_text))} lines)."
 
     async def _str_replace(self, target: _Target, arguments: dict) -> str:
-        old_str = _string_arg(arguments, "old_str", "str_replace", required=True)
-        new_str = _string_arg(arguments, "new_str", "str_replace", required=False) or ""
+        old_str = string_arg(arguments, "old_str", "str_replace", required=True)
+        new_str = string_arg(arguments, "new_str", "str_replace", required=False) or ""
         assert old_str is not None
         if old_str == "":
             raise EditorError("old_str is empty; it must be the exact text to replace. "
                               "To add text without replacing any, use the insert command.")
         data, text = await self._read_text(target)
-        positions = _find_all(text, old_str)
+        positions = find_all(text, old_str)
         if not positions:
             hint = ""
             if "\r\n" in text and "\r" not in old_str:
@@ -206,7 +152,7 @@ class StrReplaceEditor:
         # Splice at the byte level so the bytes before and after the match are untouched.
         byte_pos = len(text[:pos].encode("utf-8"))
         old_bytes = old_str.encode("utf-8")
-        new_data = data[:byte_pos] + _encode(new_str, "new_str") + data[byte_pos + len(old_bytes):]
+        new_data = data[:byte_pos] + encode(new_str, "new_str") + data[byte_pos + len(old_bytes):]
         await self._write(target, new_data)
         self._history.setdefault(target.real, []).append(data)
         first = text.count("\n", 0, pos) + 1
@@ -214,26 +160,26 @@ class StrReplaceEditor:
         return self._edit_report(target, new_data, first, last)
 
     async def _insert(self, target: _Target, arguments: dict) -> str:
-        insert_line = _int_arg(arguments, "insert_line", "insert")
-        new_str = _string_arg(arguments, "new_str", "insert", required=True)
+        insert_line = int_arg(arguments, "insert_line", "insert")
+        new_str = string_arg(arguments, "new_str", "insert", required=True)
         assert new_str is not None
         if new_str == "":
             raise EditorError("new_str is empty: there is nothing to insert.")
         data, text = await self._read_text(target)
-        total = len(_split_lines(text))
+        total = len(split_lines(text))
         if not 0 <= insert_line <= total:
             raise EditorError(f"insert_line {insert_line} is out of range: {target.shown} has {total} lines, so "
                               f"insert_line must be between 0 (top of the file) and {total} (after the last line).")
         if insert_line == total and data and not data.endswith(b"\n"):
             # After a last line that has no newline: end that line, keep new_str as given.
-            offset, payload = len(data), b"\n" + _encode(new_str, "new_str")
+            offset, payload = len(data), b"\n" + encode(new_str, "new_str")
         else:
-            offset = _line_end_offset(data, insert_line)
-            payload = _encode(new_str if new_str.endswith("\n") else new_str + "\n", "new_str")
+            offset = line_end_offset(data, insert_line)
+            payload = encode(new_str if new_str.endswith("\n") else new_str + "\n", "new_str")
         new_data = data[:offset] + payload + data[offset:]
         await self._write(target, new_data)
         self._history.setdefault(target.real, []).append(data)
-        inserted = len(_split_lines(new_str))
+        inserted = len(split_lines(new_str))
         return self._edit_report(target, new_data, insert_line + 1, insert_line + inserted)
 
     async def _undo_edit(self, target: _Target, arguments: dict) -> str:
@@ -254,7 +200,7 @@ class StrReplaceEditor:
             stack.append(previous)
             raise
         text = previous.decode("utf-8", errors="replace")
-        lines = _split_lines(text)
+        lines = split_lines(text)
         if not lines:
             return f"Undid the last edit of {target.shown}; it is empty again."
         body = self._render(lines, 1, len(lines), len(lines))
@@ -266,9 +212,9 @@ class StrReplaceEditor:
             raise EditorError("Parameter `path` is empty.")
         if "\0" in path or "\n" in path:
             raise EditorError(f"path {path!r} contains a NUL or newline character, which is not supported.")
-        workdir = _normalise(self.sandbox.workdir)
-        shown = _normalise(path if posixpath.isabs(path) else posixpath.join(workdir, path))
-        if not _inside(shown, workdir):
+        workdir = normalise(self.sandbox.workdir)
+        shown = normalise(path if posixpath.isabs(path) else posixpath.join(workdir, path))
+        if not inside(shown, workdir):
             raise EditorError(f"path {path!r} ({shown}) is outside the workspace {workdir}; "
                               f"only files under {workdir} can be viewed or edited.")
         # -m: the path (or its parents) may not exist yet, as for create. Resolving the workspace too covers a
@@ -284,7 +230,7 @@ class StrReplaceEditor:
         if result.exit_code != 0 or len(lines) != 3 or lines[2] not in ("file", "dir", "other", "missing"):
             raise EditorError(f"could not resolve {shown}: {_stderr(result) or 'realpath failed'}")
         real_workdir, real, kind = lines
-        if not _inside(real, real_workdir):
+        if not inside(real, real_workdir):
             raise EditorError(f"path {path!r} ({shown}) resolves through a symbolic link to {real}, which is "
                               f"outside the workspace {workdir}; it cannot be viewed or edited.")
         return _Target(shown=shown, real=real, kind=kind)  # type: ignore[arg-type]
@@ -352,7 +298,7 @@ class StrReplaceEditor:
         return "\n".join(out)
 
     def _edit_report(self, target: _Target, new_data: bytes, first: int, last: int) -> str:
-        lines = _split_lines(new_data.decode("utf-8", errors="replace"))
+        lines = split_lines(new_data.decode("utf-8", errors="replace"))
         total = len(lines)
         if total == 0:
             return f"Edited {target.shown}; the file is now empty. Review the change; undo_edit reverts it."
@@ -366,100 +312,5 @@ class StrReplaceEditor:
                 "edit again or use undo_edit to revert it.")
 
 
-# -- helpers -------------------------------------------------------------------------------------------------
-def _normalise(path: str) -> str:
-    norm = posixpath.normpath(path)
-    return "/" + norm.lstrip("/") if norm.startswith("//") else norm  # POSIX keeps a leading '//'; we do not
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _split_lines(text: str) -> list[str]:
-    """Lines split on \\n only (a \\r stays part of its line); a final newline does not start an extra line."""
-    if not text:
-        return []
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    return lines
-
-
-def _find_all(text: str, needle: str) -> list[int]:
-    # Overlapping matches count too: "aa" in "aaa" is ambiguous, not unique.
-    positions, pos = [], text.find(needle)
-    while pos != -1:
-        positions.append(pos)
-        pos = text.find(needle, pos + 1)
-    return positions
-
-
-def _line_end_offset(data: bytes, line: int) -> int:
-    """Byte offset just after the newline ending `line` (1-based); 0 for line 0."""
-    offset = 0
-    for _ in range(line):
-        offset = data.index(b"\n", offset) + 1
-    return offset
-
-
-def _encode(text: str, name: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800" escape
-        raise EditorError(f"{name} contains characters that cannot be encoded as UTF-8 (lone surrogates).") from None
-
-
 def _stderr(result: ExecResult) -> str:
     return (result.stderr or result.stdout).decode("utf-8", errors="replace").strip()[-500:]
-
-
-def _string_arg(arguments: dict, name: str, command: str, *, required: bool) -> str | None:
-    value = arguments.get(name)
-    if value is None:
-        if required:
-            raise EditorError(f"Parameter `{name}` is required for command `{command}`.")
-        return None
-    if not isinstance(value, str):
-        raise EditorError(f"Parameter `{name}` must be a string; got {type(value).__name__}.")
-    return value
-
-
-def _int_arg(arguments: dict, name: str, command: str) -> int:
-    value = arguments.get(name)
-    if value is None:
-        raise EditorError(f"Parameter `{name}` is required for command `{command}`.")
-    # Models sometimes send numbers as strings; accept those that are plainly integers.
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise EditorError(f"Parameter `{name}` must be an integer; got {value!r}.")
-    return value
-
-
-def _parse_view_range(value: Any, total: int, shown: str) -> tuple[int, int]:
-    if isinstance(value, str):  # a JSON list sent as a string
-        try:
-            value = json.loads(value)
-        except ValueError:
-            pass
-    if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        raise EditorError(f"view_range must be a list of two integers [start, end], e.g. [10, 40]; got {value!r}.")
-    start, end = value
-    if total == 0:
-        raise EditorError(f"{shown} is empty; view it without view_range.")
-    if not 1 <= start <= total:
-        raise EditorError(f"view_range start {start} is out of range: {shown} has {total} lines, so start must be "
-                          f"between 1 and {total}.")
-    if end == -1:
-        return start, total
-    if end < start:
-        raise EditorError(f"view_range end {end} is before start {start}; use -1 as end to read to the end.")
-    if end > total:
-        raise EditorError(f"view_range end {end} is past the end: {shown} has {total} lines. "
-                          "Use an end of at most that, or -1 to read to the end.")
-    return start, end
