@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         def job():
             try:
                 outcome["run"] = run(rows, agents, client=client, engine="external", base_url=server.base_url,
-                                     model_name="scripted-demo", num_workers=2, n=3, output_dir=str(work / "run"),
+                                     model_name="scripted-demo", agent_workers=2, n=3, output_dir=str(work / "run"),
                                      progress=False)
             except BaseException as exc:
                 outcome["error"] = exc

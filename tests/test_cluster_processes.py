@@ -107,7 +107,7 @@ AGENTS = AgentConfigs.load(AGENT_CONFIG).override_all({"interaction": {"tools_in
 
 
 def _run(cluster, rows, tmp_path, **overrides):
-    settings = dict(engine="vllm", model_path="/models/org/Tiny-Coder-1B", n_gpus_per_node=2, tp=1, num_workers=2,
+    settings = dict(engine="vllm", model_path="/models/org/Tiny-Coder-1B", n_gpus_per_node=2, tp=1, agent_workers=2,
                     n=1, output_dir=str(tmp_path / "out"), progress=False, gpu_memory_utilization=0.5,
                     max_model_len=4096, tool_call_parser="qwen3_coder", vllm_extra_args=["--seed", "7"])
     settings.update(overrides)
@@ -229,8 +229,8 @@ def test_one_machine_without_a_scheduler_gets_a_gpu_worker(cluster, rows, tmp_pa
     """No scheduler given: the run's own LocalCluster adds one GPU worker next to its sandbox workers."""
     monkeypatch.setenv("PATH", f"{fake.parent / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_VLLM_DIR", str(fake))
-    outcome = run(rows[:1], AGENTS, engine="vllm", model_path="/models/Tiny-1B", n_gpus_per_node=2, n_workers=1,
-                  num_workers=1, output_dir=str(tmp_path / "out"), progress=False)
+    outcome = run(rows[:1], AGENTS, engine="vllm", model_path="/models/Tiny-1B", n_gpus_per_node=2, local_workers=1,
+                  agent_workers=1, output_dir=str(tmp_path / "out"), progress=False)
     assert outcome.results.exit_reason.tolist() == ["submitted"]
     servers = _servers(fake)
     assert sorted(s["cuda_visible_devices"] for s in servers) == ["0", "1"]

@@ -44,7 +44,9 @@ def clean_env(tmp_path, monkeypatch):
     (["--n", "0"], "--n must be >= 1 (got 0)"),
     (["--n", "-1"], "--n must be >= 1 (got -1)"),
     (["--max-turns", "0"], "--max-turns must be >= 1 (got 0)"),
-    (["--num-workers", "0"], "--num-workers must be >= 1 (got 0)"),
+    (["--agent-workers", "0"], "--agent-workers must be >= 1 (got 0)"),
+    (["--num-workers", "0"], "--num-workers must be >= 1 (got 0)"),  # the seed's spelling, named as typed
+    (["--local-workers", "0"], "--local-workers must be >= 1 (got 0)"),
     (["--n-workers", "0"], "--n-workers must be >= 1 (got 0)"),
     (["--max-samples", "0"], "--max-samples must be -1 (every row) or >= 1 (got 0)"),
     (["--max-samples", "-2"], "--max-samples must be -1 (every row) or >= 1 (got -2)"),
@@ -72,8 +74,13 @@ def test_verify_flags_are_checked_too(clean_env, tmp_path, capsys):
 
 
 def test_bad_number_from_variable_file_or_keyword_names_that(clean_env, monkeypatch):
-    monkeypatch.setenv("UNI_AGENT_NUM_WORKERS", "0")
+    monkeypatch.setenv("UNI_AGENT_AGENT_WORKERS", "0")
     with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == "UNI_AGENT_AGENT_WORKERS must be >= 1 (got '0')"
+    monkeypatch.delenv("UNI_AGENT_AGENT_WORKERS")
+    monkeypatch.setenv("UNI_AGENT_NUM_WORKERS", "0")  # the old name: named as given
+    with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
         load_settings()
     assert str(info.value) == "UNI_AGENT_NUM_WORKERS must be >= 1 (got '0')"
     monkeypatch.delenv("UNI_AGENT_NUM_WORKERS")
@@ -90,6 +97,38 @@ def test_bad_number_from_variable_file_or_keyword_names_that(clean_env, monkeypa
     with pytest.raises(ConfigError) as info:
         load_settings(max_sample=3)
     assert str(info.value) == "max_sample: unknown setting (did you mean max_samples?)"
+
+
+def test_old_worker_setting_names_still_work_with_a_warning(clean_env, monkeypatch):
+    """n_workers and num_workers are now local_workers and agent_workers; the old names keep working everywhere a
+    setting is given (keyword, variable, settings file), each with a FutureWarning naming the new one."""
+    with pytest.warns(FutureWarning, match="keyword num_workers is the old name of agent_workers"):
+        assert load_settings(num_workers=5).agent_workers == 5
+    with pytest.warns(FutureWarning, match="keyword n_workers is the old name of local_workers"):
+        assert load_settings(n_workers=3).local_workers == 3
+    assert "num_workers" not in RunSettings.model_fields and "n_workers" not in RunSettings.model_fields
+
+    monkeypatch.setenv("UNI_AGENT_N_WORKERS", "4")
+    with pytest.warns(FutureWarning, match="UNI_AGENT_N_WORKERS is the old name of UNI_AGENT_LOCAL_WORKERS"):
+        assert load_settings().local_workers == 4
+    with pytest.warns(FutureWarning):
+        assert load_settings(local_workers=6).local_workers == 6  # a keyword still wins over a variable
+    monkeypatch.setenv("UNI_AGENT_LOCAL_WORKERS", "4")
+    with pytest.raises(ConfigError, match="UNI_AGENT_N_WORKERS and UNI_AGENT_LOCAL_WORKERS both set"):
+        load_settings()
+    monkeypatch.delenv("UNI_AGENT_N_WORKERS")
+    monkeypatch.delenv("UNI_AGENT_LOCAL_WORKERS")
+
+    clean_env.write_text("num_workers: 7\n")
+    with pytest.warns(FutureWarning, match=f"{re.escape(str(clean_env))}: num_workers is the old name"):
+        assert load_settings().agent_workers == 7
+    clean_env.write_text("num_workers: 0\n")
+    with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
+        load_settings()
+    assert str(info.value) == f"{clean_env}: num_workers must be >= 1 (got 0)"
+    clean_env.write_text("num_workers: 7\nagent_workers: 2\n")
+    with pytest.raises(ConfigError, match="num_workers and agent_workers both given"):
+        load_settings()
 
 
 def test_secret_value_is_never_echoed_in_an_error(clean_env):

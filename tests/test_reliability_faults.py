@@ -99,7 +99,7 @@ def test_llm_endpoint_faults_are_retried_or_end_one_rollout(rows, tmp_path, dask
     with ScriptedLLM(policy) as server:
         try:
             out = run(rows, _agents(), client=dask_client, engine="external", base_url=server.base_url,
-                      model_name="scripted", num_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
+                      model_name="scripted", agent_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
                       llm_timeout=LLM_TIMEOUT, verify=False)
         finally:
             stop.set()
@@ -215,7 +215,7 @@ def test_sandbox_removed_mid_rollout_ends_that_rollout_with_a_clear_error(rows, 
 
     with ScriptedLLM(policy) as server:
         out = run(rows[:3], _agents(), client=dask_client, engine="external", base_url=server.base_url,
-                  model_name="scripted", num_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
+                  model_name="scripted", agent_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
                   verify=False)
     assert removed
     results = out.results.set_index("instance_id")

@@ -77,7 +77,7 @@ def _start_driver(tmp_path: Path, data: Path, server: ScriptedLLM, out: Path, na
     proc = subprocess.Popen(
         [sys.executable, str(PARALLEL_INFER), "--engine", "external", "--base-url", server.base_url,
          "--model", "scripted", "--data-path", str(data), "--agent-config-path", str(_agent_yaml(tmp_path, 2)),
-         "--output-dir", str(out), "--n", "2", "--num-workers", "2", "--n-workers", "1", "--no-verify",
+         "--output-dir", str(out), "--n", "2", "--agent-workers", "2", "--local-workers", "1", "--no-verify",
          "--no-progress"],
         env=env, stdout=stdout, stderr=stderr, start_new_session=True)  # its own group: its LocalCluster with it
     return proc, stdout, stderr
@@ -288,7 +288,7 @@ def test_worker_killed_mid_run_loses_no_rollout(tmp_path, data, two_workers):
 
     with ScriptedLLM(killer_policy, delay_s=0.5) as server:
         outcome = run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                      model_name="scripted", num_workers=2, n=n, output_dir=str(tmp_path / "out"), progress=False,
+                      model_name="scripted", agent_workers=2, n=n, output_dir=str(tmp_path / "out"), progress=False,
                       flush_every=1)
     assert killed, "the worker was never killed"
     # Rollouts that were in flight on the killed worker had already asked the model: their requests were made
@@ -318,7 +318,7 @@ def test_every_worker_lost_then_one_joins_the_run_completes(tmp_path, data, dask
         client.wait_for_workers(2, timeout=60)
         with ScriptedLLM(killer_policy, delay_s=0.5) as server:
             run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                model_name="scripted", num_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
+                model_name="scripted", agent_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
                 flush_every=1, worker_wait_timeout=120)
         w2 = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w2")
     assert killed, "the workers were never killed"
@@ -343,7 +343,7 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
         with ScriptedLLM(killer_policy, delay_s=0.5) as server:
             with pytest.raises(AgentWorkersLost, match="rerun with the same output dir") as lost:
                 run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                    model_name="scripted", num_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1,
+                    model_name="scripted", agent_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1,
                     worker_wait_timeout=3)
             first = _results(out)
             done = set(zip(first.instance_id, first.rollout.astype(int)))
@@ -355,6 +355,6 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
             client.wait_for_workers(1, timeout=60)
             before_rerun = len(server.requests)
             run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                model_name="scripted", num_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1)
+                model_name="scripted", agent_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1)
             assert len(server.requests) - before_rerun == (len(expected) - len(done)) * REQUESTS_PER_ROLLOUT
     _assert_each_once(_results(out), expected)

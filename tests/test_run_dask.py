@@ -38,7 +38,7 @@ def solver(body):
 
 
 def _run(rows, tmp_path, client, server, agents=None, **overrides):
-    settings = dict(engine="external", base_url=server.base_url, model_name="scripted", num_workers=2,
+    settings = dict(engine="external", base_url=server.base_url, model_name="scripted", agent_workers=2,
                     output_dir=str(tmp_path / "out"), progress=False, n=1)
     settings.update(overrides)
     return run(rows, agents or AgentConfigs.load(AGENT_CONFIG).override_all({"interaction": {"tools_in": "api", "constrain_tool_calls": False}}),

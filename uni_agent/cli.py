@@ -18,7 +18,8 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--agent-config-path", {"help": "agent config YAML"}),
     ("--scheduler-address", {"help": "tcp://host:8786 of a running dask scheduler"}),
     ("--scheduler-file", {"help": "scheduler file of a running dask scheduler"}),
-    ("--n-workers", {"type": int, "help": "LocalCluster worker processes"}),
+    ("--local-workers", {"type": int, "aliases": ["--n-workers"],
+                         "help": "worker processes of the LocalCluster started when no scheduler is given"}),
     ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
 ]
 # Flags of `run` only: the agent, its model and its rollouts (verification grades a fixed patch, no model).
@@ -28,7 +29,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--engine", {"choices": ENGINES.names()}),
     ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
     ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
-    ("--num-workers", {"type": int, "help": "agent-worker actors"}),
+    ("--agent-workers", {"type": int, "aliases": ["--num-workers"],
+                         "help": "AgentWorker actors (--num-workers: the seed's name)"}),
     ("--max-turns", {"type": int}),
     ("--n", {"type": int, "help": "rollouts per task"}),
     ("--temperature", {"type": float}),
@@ -45,6 +47,18 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
                          "help": "keep each call's token ids and logprobs (auto: by engine; external: off)"}),
 ]
 SWITCHES = {"verify": "--no-verify", "progress": "--no-progress", "retry_errors": "--retry-errors"}
+TYPED = "typed_flags"  # the namespace's record of which spelling of an aliased flag was given
+
+
+class _AliasedFlag(argparse.Action):
+    """A flag with other spellings: stores the value and the spelling typed, so that an error names that one."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        typed = dict(getattr(namespace, TYPED, None) or {})
+        typed[self.dest] = option_string
+        setattr(namespace, TYPED, typed)
 
 
 def add_run_flags(parser: argparse.ArgumentParser, verify: bool = False) -> None:
@@ -53,7 +67,11 @@ def add_run_flags(parser: argparse.ArgumentParser, verify: bool = False) -> None
     parser.add_argument("--output-dir", default=None,
                         help=f"results, summary.json and logs go here; rerunning resumes (default: {default_dir})")
     for flag, kwargs in COMMON_FLAGS if verify else COMMON_FLAGS + RUN_FLAGS:
-        parser.add_argument(flag, default=None, **kwargs)
+        kwargs = dict(kwargs)
+        aliases = kwargs.pop("aliases", [])
+        if aliases:
+            kwargs["action"] = _AliasedFlag
+        parser.add_argument(flag, *aliases, default=None, **kwargs)
     if not verify:
         parser.add_argument("--no-verify", dest="verify", action="store_const", const=False, default=None)
         parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
@@ -69,12 +87,12 @@ def flag_names() -> dict[str, str]:
     return names
 
 
-def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func")):
+def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", "patch", "func", TYPED)):
     """CLI flags override environment and settings file; only flags actually given are passed."""
     from .settings import load_settings
 
     given = {k: v for k, v in vars(args).items() if v is not None and k not in skip}
-    return load_settings(flags=flag_names(), **given)
+    return load_settings(flags={**flag_names(), **(getattr(args, TYPED, None) or {})}, **given)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -184,7 +184,7 @@ async def _cluster_client(settings: RunSettings, scheduler_address: str | None) 
         return
     async with contextlib.AsyncExitStack() as stack:
         cluster = await stack.enter_async_context(LocalCluster(
-            n_workers=settings.n_workers, threads_per_worker=settings.threads_per_worker, processes=True,
+            n_workers=settings.local_workers, threads_per_worker=settings.threads_per_worker, processes=True,
             asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
             resources={"SANDBOX": 1024},
         ))
@@ -223,7 +223,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
         workers = await _sandbox_workers(client, settings.gpu_resource_name)
-        for i in range(max(1, settings.num_workers)):
+        for i in range(max(1, settings.agent_workers)):
             await pool.start_actor(workers[i % len(workers)])
         dispatcher = _Dispatcher(client, pool, store, settings, await verification_placement(client, workers))
         await dispatcher.run(todo)
@@ -282,7 +282,7 @@ class _AgentPool:
 
     async def replace(self, lost: Any) -> bool:
         """Drop a lost actor (and any other whose worker is gone) and start replacements on live sandbox workers, up
-        to `num_workers` actors. Waits for a worker only when no actor is left; False when none came back within
+        to `agent_workers` actors. Waits for a worker only when no actor is left; False when none came back within
         `worker_wait_timeout`."""
         async with self._replacing:  # many rollouts notice the same loss at once: replace once
             if lost in self.actors:
@@ -290,7 +290,7 @@ class _AgentPool:
                 log.warning("agent_worker_lost", worker=getattr(lost, "_address", ""), actors_left=len(self.actors))
             live = await self.live_workers()
             self.actors = [a for a in self.actors if getattr(a, "_address", None) in live]
-            if len(self.actors) >= max(1, self.settings.num_workers):
+            if len(self.actors) >= max(1, self.settings.agent_workers):
                 return True
             deadline = time.monotonic() + self.settings.worker_wait_timeout
             while True:

@@ -3,9 +3,11 @@ flags (passed as keyword arguments)."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +29,13 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_LLAMA_DIR", "UNI_AGENT_SHARED", "UNI_AGENT_VENV", "UNI_AGENT_REPO", "UNI_AGENT_SCHEDULER_PORT",
     "UNI_AGENT_DASHBOARD_HOST", "UNI_AGENT_DASHBOARD_PORT", "UNI_AGENT_GPUS_PER_NODE", "UNI_AGENT_SANDBOXES_PER_NODE",
     "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
+    "UNI_AGENT_IMAGE_CACHE", "UNI_AGENT_IMAGE_CACHE_GB", "UNI_AGENT_RUN_AS",  # sandbox/image_store.py, bwrap.py
 })
+
+# Old setting names, still accepted as keywords, UNI_AGENT_* variables and settings-file keys, with a FutureWarning
+# that names the new one: `n_workers` and `num_workers` sat side by side and counted different things. (The CLI keeps
+# --n-workers and --num-workers, the seed's flag, as aliases of the new flags: uni_agent.cli.)
+RENAMED = {"n_workers": "local_workers", "num_workers": "agent_workers"}
 
 
 def settings_file() -> Path | None:
@@ -52,9 +60,9 @@ class RunSettings(BaseSettings):
     # Dask
     scheduler_address: str | None = None
     scheduler_file: str | None = None
-    n_workers: int = Field(2, ge=1)
+    local_workers: int = Field(2, ge=1)  # worker processes of the LocalCluster a run starts when given no scheduler
     threads_per_worker: int = Field(2, ge=1)
-    num_workers: int = Field(2, ge=1)
+    agent_workers: int = Field(2, ge=1)  # AgentWorker actors, each running many rollouts as async loops
     verify: bool = True
     worker_wait_timeout: float = Field(300, gt=0)
 
@@ -116,10 +124,13 @@ class RunSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [
+            _OldNames(settings_cls, init_settings, lambda old: f"keyword {old}"),
+            env_settings, _OldEnvironment(settings_cls)]
         path = settings_file()
         if path is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+            yaml = YamlConfigSettingsSource(settings_cls, yaml_file=path)
+            sources.append(_OldNames(settings_cls, yaml, lambda old: f"{path}: {old}"))
         return tuple(sources)
 
     def sampling(self) -> dict[str, Any]:
@@ -131,6 +142,51 @@ class RunSettings(BaseSettings):
     def output_path(self, default: str = DEFAULT_RUN_OUTPUT_DIR) -> Path:
         """output_dir, or `default` when none was set, as an absolute path."""
         return Path(self.output_dir or default).expanduser().resolve()
+
+
+class _OldNames(PydanticBaseSettingsSource):
+    """A settings source with its old names (RENAMED) turned into the new ones, each with a FutureWarning; both names
+    in one source is an error (which one was meant?)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource,
+                 where: Callable[[str], str]):
+        super().__init__(settings_cls)
+        self.inner, self.where = inner, where
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ gives the whole source at once
+
+    def __call__(self) -> dict[str, Any]:
+        values = dict(self.inner())
+        for old, new in RENAMED.items():
+            if old in values:
+                if new in values:
+                    raise ConfigError(f"{self.where(old)} and {new} both given: {old} is the old name of {new}; "
+                                      f"keep {new}")
+                warnings.warn(f"{self.where(old)} is the old name of {new}: use {new}", FutureWarning, stacklevel=2)
+                values[new] = values.pop(old)
+        return values
+
+
+class _OldEnvironment(PydanticBaseSettingsSource):
+    """UNI_AGENT_<old name> variables (RENAMED) as their new settings, below the new variables in precedence."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for old, new in RENAMED.items():
+            given = [k for k in os.environ if k.upper() == env_name(old)]
+            if not given:
+                continue
+            if any(k.upper() == env_name(new) for k in os.environ):
+                raise ConfigError(f"{given[0]} and {env_name(new)} both set: {given[0]} is the old name; keep "
+                                  f"{env_name(new)}")
+            warnings.warn(f"{given[0]} is the old name of {env_name(new)}: use {env_name(new)}", FutureWarning,
+                          stacklevel=2)
+            values[new] = os.environ[given[0]]
+        return values
 
 
 def load_settings(base: RunSettings | None = None, *, flags: Mapping[str, str] | None = None,
@@ -154,7 +210,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     """An unknown UNI_AGENT_* variable is an error naming the closest known one: a misspelled setting would otherwise
     be ignored without a word (UNI_AGENT_MAX_SAMPLE=1 would run every task)."""
     environ = os.environ if environ is None else environ
-    settings = {env_name(field) for field in RunSettings.model_fields}
+    settings = {env_name(field) for field in [*RunSettings.model_fields, *RENAMED]}
     known = settings | OTHER_VARIABLES
     unknown = sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
     if not unknown:
@@ -176,13 +232,28 @@ def env_name(field: str) -> str:
 
 def _origin(field: str, overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
     """Where the value of `field` came from, in the words the user wrote it: --flag, keyword, variable or file key.
-    The order is the precedence order: overrides, then the environment, then the settings file."""
-    if field in overrides:
-        return flags.get(field, field)
-    if any(k.upper() == env_name(field) for k in os.environ):
-        return env_name(field)
+    The order is the precedence order: overrides, then the environment, then the settings file. A setting given by its
+    old name (RENAMED) is named by that name."""
+    names = [field, *(old for old, new in RENAMED.items() if new == field)]
+    for name in names:
+        if name in overrides:
+            return flags.get(name, name)
+    for name in names:
+        if any(k.upper() == env_name(name) for k in os.environ):
+            return env_name(name)
     path = settings_file()
-    return f"{path}: {field}" if path else field
+    if path is None:
+        return field
+    keys = _file_keys(path)
+    return f"{path}: {next((name for name in names if name in keys), field)}"
+
+
+def _file_keys(path: Path) -> set[str]:
+    import yaml
+
+    with contextlib.suppress(Exception):  # only for naming a key in an error message
+        return set(yaml.safe_load(path.read_text()) or {})
+    return set()
 
 
 def _explain(error: Mapping[str, Any], overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
