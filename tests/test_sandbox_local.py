@@ -553,8 +553,8 @@ def test_missing_repo_raises_start_error(repo: Path, tmp_path: Path) -> None:
         run(start(str(tmp_path / "no-such-repo")))
     with pytest.raises(SandboxStartError, match="bundled:no-such-task"):
         run(start("bundled:no-such-task"))
-    with pytest.raises(ValueError, match="needs `repo`"):  # caught by the config now, before any sandbox
-        LocalDeploymentConfig(repo=None)
+    with pytest.raises(SandboxStartError):
+        make_sandbox(LocalDeploymentConfig(repo=None), {}, "none")
     assert not (tmp_path / "sandboxes").exists() or list((tmp_path / "sandboxes").iterdir()) == []
 
 

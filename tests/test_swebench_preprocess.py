@@ -61,7 +61,8 @@ def test_script_writes_seed_schema_rows_for_each_deployment(tmp_path, deployment
             "podman": {"type": "podman", "image": f"swebench/{key}"},
             "vefaas": {"type": "vefaas",
                        "image": f"enterprise-public-cn-beijing.cr.volces.com/swe-bench-verified/{key}:v2"},
-            "local": {"type": "local", "workdir": "/testbed"},  # no image: see preprocess.py
+            # the same image, run by bubblewrap over its root filesystem (--local-repos: the host's instead)
+            "local": {"type": "local", "image": f"swebench/{key}", "workdir": "/testbed"},
         }[deployment]
         assert target == expected
         assert kwargs["env"]["post_setup_cmd"] == ""

@@ -72,12 +72,6 @@ class LocalDeploymentConfig(DeploymentBase):
     """Processes (and threads) the whole sandbox may run at once, so a fork bomb stays inside it: a pids cgroup per
     sandbox where one is writable (root), else `ulimit -u` (binds non-root workers only); None for no limit."""
 
-    @model_validator(mode="after")
-    def _has_a_root(self) -> LocalDeploymentConfig:
-        if self.repo is None and self.image is None:
-            raise ValueError("a local deployment needs `repo` (a directory or bundled:<instance_id>), `image`, or both")
-        return self
-
 
 class ContainerDeploymentConfig(ImageDeploymentBase):
     """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).

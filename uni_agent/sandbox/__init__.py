@@ -1,31 +1,26 @@
-"""Sandboxes: one protocol (base.py) and one module per backend."""
+"""Sandboxes: one protocol (base.py) and one module per backend, found by deployment type in `SANDBOXES`."""
 
 from __future__ import annotations
 
 from ..config import DeploymentConfig
+from ..registry import Registry
 from .base import ExecResult, Sandbox, SandboxError, SandboxStartError, clip_output, read_file, write_file
+
+# deployment `type` → backend class, imported on first use so optional SDKs (modal) stay optional. A new backend is a
+# module here, a line in this table, and its config class in config.DeploymentConfig.
+SANDBOXES: Registry[type] = Registry("deployment type", {
+    "local": "uni_agent.sandbox.local:LocalSandbox",
+    "docker": "uni_agent.sandbox.container:ContainerSandbox",
+    "podman": "uni_agent.sandbox.container:ContainerSandbox",
+    "modal": "uni_agent.sandbox.modal:ModalSandbox",
+    "memory": "uni_agent.sandbox.memory:MemorySandbox",  # the data plane's stand-in for `uni-agent bench --simulate`
+})
 
 
 def make_sandbox(deployment: DeploymentConfig, env_variables: dict[str, str], name: str = "") -> Sandbox:
-    """The sandbox for a deployment config; backends are imported lazily so optional SDKs stay optional."""
-    if deployment.type == "local":
-        from .local import LocalSandbox
-
-        return LocalSandbox(deployment, env_variables, name=name)
-    if deployment.type in ("docker", "podman"):
-        from .container import ContainerSandbox
-
-        return ContainerSandbox(deployment, env_variables, name=name)
-    if deployment.type == "modal":
-        from .modal import ModalSandbox
-
-        return ModalSandbox(deployment, env_variables, name=name)
-    if deployment.type == "memory":  # the data plane's stand-in for `uni-agent bench --simulate`
-        from .memory import MemorySandbox
-
-        return MemorySandbox(deployment, env_variables, name=name)
-    raise ValueError(f"unknown deployment type {deployment.type!r}")
+    """The sandbox for a deployment config (not started)."""
+    return SANDBOXES.get(deployment.type)(deployment, env_variables, name=name)
 
 
-__all__ = ["ExecResult", "Sandbox", "SandboxError", "SandboxStartError", "clip_output", "make_sandbox",
+__all__ = ["SANDBOXES", "ExecResult", "Sandbox", "SandboxError", "SandboxStartError", "clip_output", "make_sandbox",
            "read_file", "write_file"]

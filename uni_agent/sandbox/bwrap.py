@@ -36,7 +36,12 @@ class Mounts:
 
 def bwrap_argv(mounts: Mounts, workdir: str, state_dir: str, image: ImageRootfs | None, *, network: bool,
                shell_limits: str) -> list[str]:
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    switch_user = image is not None and image.uid != 0
+    # Every namespace but, for an image's User, the user namespace: bwrap's maps only our own uid, so switching to
+    # another one inside it would fail. Capabilities are dropped either way.
+    unshare = ["--unshare-all"] if not switch_user else [
+        "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    args = ["bwrap", *unshare, "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     if network:
         args.append("--share-net")
     if image is None:
@@ -46,7 +51,7 @@ def bwrap_argv(mounts: Mounts, workdir: str, state_dir: str, image: ImageRootfs 
     else:
         args += ["--bind", str(mounts.root), "/", "--proc", "/proc", "--dev", "/dev"]
         env = _image_env(image)
-        if image.uid != 0:
+        if switch_user:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
             env["UNI_AGENT_RUN_AS"] = f"{image.uid}:{image.gid}"  # the supervisor takes it out of its environment
         supervisor = supervisor_shell_argv(state_dir)  # the image may lack python3: say so plainly

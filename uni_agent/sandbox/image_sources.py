@@ -74,6 +74,13 @@ class StagedLayout:
         self.tmp: Path | None = None
 
     def __enter__(self) -> tuple[Path, str]:
+        try:
+            return self._stage()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _stage(self) -> tuple[Path, str]:
         source, reference = self.source, self.reference
         if source.kind == "oci":
             if not (Path(source.location) / "index.json").exists():
@@ -127,7 +134,13 @@ def read_json(path: Path, reference: str) -> dict[str, Any]:
 def _safe_members(tar: tarfile.TarFile, reference: str) -> Iterator[tarfile.TarInfo]:
     for member in tar:
         name = os.path.normpath(member.name)
-        if name.startswith(("..", "/")) or not (member.isfile() or member.isdir()):
+        inside = not name.startswith(("..", "/"))
+        if member.issym():  # docker archives link layers they share; the target must stay in the archive
+            inside = inside and not os.path.normpath(os.path.join(os.path.dirname(name), member.linkname)).startswith(
+                ("..", "/"))
+        elif not (member.isfile() or member.isdir()):
+            inside = False
+        if not inside:
             raise ImageError(f"image {reference!r}: the archive holds {member.name!r}, which is not part of an image")
         yield member
 
@@ -153,9 +166,11 @@ def _docker_archive_to_layout(archive: str, layout: Path, reference: str) -> Non
     blobs.mkdir(parents=True)
 
     def add(path: Path, media_type: str) -> dict[str, Any]:
-        data_digest = _sha256_file(path)
-        shutil.move(path, blobs / data_digest)
-        return {"mediaType": media_type, "digest": f"sha256:{data_digest}", "size": (blobs / data_digest).stat().st_size}
+        real = path.resolve()  # a layer may be a link to another entry's
+        data_digest = _sha256_file(real)
+        if not (blobs / data_digest).exists():
+            os.link(real, blobs / data_digest)
+        return {"mediaType": media_type, "digest": f"sha256:{data_digest}", "size": real.stat().st_size}
 
     config = add(extracted / manifests[0]["Config"], "application/vnd.oci.image.config.v1+json")
     layers = [add(extracted / layer, "application/vnd.oci.image.layer.v1.tar") for layer in manifests[0]["Layers"]]

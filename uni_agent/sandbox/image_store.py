@@ -77,7 +77,7 @@ class ImageStore:
         self.root = Path(root or os.environ.get("UNI_AGENT_IMAGE_CACHE") or DEFAULT_CACHE)
         gigabytes = float(os.environ.get("UNI_AGENT_IMAGE_CACHE_GB") or DEFAULT_CACHE_GB)
         self.max_bytes = max_bytes if max_bytes is not None else int(gigabytes * 2**30)
-        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "locks").mkdir(parents=True, exist_ok=True)
 
     # -- the one entry point a sandbox uses ------------------------------------------------------------------------
     def open(self, reference: str) -> ImageLease:
@@ -133,7 +133,7 @@ class ImageStore:
     # -- unpacking, once ------------------------------------------------------------------------------------------
     def _unpack_once(self, reference: str, layout: Path, tag: str, digest: str) -> bool:
         target = self._dir(digest)
-        with _locked(self.root / f"{target.name}.lock"):
+        with _locked(self.root / "locks" / f"{target.name}.lock"):
             if (target / META).exists():
                 return False  # another worker unpacked it while we waited
             shutil.rmtree(target, ignore_errors=True)  # a half-done unpack of a worker that died
@@ -168,7 +168,7 @@ class ImageStore:
     def evict(self, keep: str | None = None) -> list[Path]:
         """Remove the least recently used images until the cache fits its limit; images in use are skipped."""
         removed = []
-        with _locked(self.root / "evict.lock"):
+        with _locked(self.root / "locks" / "evict"):
             images = self.images()
             total = sum(size for _, size, _ in images)
             for _, size, image_dir in images:

@@ -93,17 +93,21 @@ _owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owne
 
 
 def image_store() -> ImageStore:
-    """This process's view of the node's image cache (made on first use: most runs never need it)."""
-    if not _image_store:
-        _image_store.append(ImageStore())
-    return _image_store[0]
+    """This process's view of the node's image cache (UNI_AGENT_IMAGE_CACHE), made on first use."""
+    root = os.environ.get("UNI_AGENT_IMAGE_CACHE", "")
+    if root not in _image_stores:
+        _image_stores[root] = ImageStore(root or None)
+    return _image_stores[root]
 
 
-_image_store: list[ImageStore] = []
+_image_stores: dict[str, ImageStore] = {}
 
 
 class LocalSandbox(SessionSandbox):
     def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
+        if config.repo is None and config.image is None:  # the YAML may leave both to the rows; a row must not
+            raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>), `image`, "
+                                    "or both")
         super().__init__(config, env_variables, f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}")
         self.dir: Path | None = None
         self.use_overlay = False

@@ -19,9 +19,11 @@ The input is the official dataset: by its hub name (needs the network and the `d
 - `prompt`: our system and user messages (the repository at /testbed, the issue, finish with `submit`);
 - `agent_name`: `swe_agent` (must match a `name` in the agent config YAML);
 - `extra_info.tools_kwargs.env.deployment`: `type` and the instance image for the deployment (see
-  `spec.image_name`); `local` has no image: a bubblewrap sandbox runs on this machine's filesystem, so the
-  repository at `base_commit` and its test environment must already be here (`--local-repos DIR` points each row at
-  `DIR/<instance_id>`). That is for debugging; official grading needs the official images.
+  `spec.image_name`). `local` rows name the same image as docker/podman rows: a bubblewrap sandbox runs over the
+  image's root filesystem, no container runtime needed (sandbox/image_store.py: skopeo or a local podman fetches it,
+  or pre-pull it into the node's cache). With `--local-repos DIR` a local row runs on this machine's own filesystem
+  instead, with the repository from `DIR/<instance_id>` and its test environment already here (for debugging;
+  official grading needs the official images).
 - `extra_info.tools_kwargs.reward`: `{name: swe_bench, metadata: <the official fields>}`;
 - `data_source`, `instance_id`.
 
@@ -255,11 +257,16 @@ def source_image(instance: dict[str, str], source: str, deployment: str, registr
 def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str = "swe_agent",
                     local_repos: str | Path | None = None, image_registry: str | None = None,
                     source: str = DATA_SOURCE) -> dict[str, Any]:
-    image = source_image(instance, source, deployment, image_registry)
+    # local without --local-repos runs the instance image itself (bubblewrap over its root filesystem, no container
+    # runtime): the same image the docker/podman rows name, so one dataset runs on a laptop and on a bare node.
+    image_from = "docker" if deployment == "local" and local_repos is None else deployment
+    image = source_image(instance, source, image_from, image_registry)
     target: dict[str, Any] = {"type": deployment}
     if image is not None:
         target["image"] = image
-    else:  # local: no image; the repository must be on this machine (see the module docstring)
+        if deployment == "local":
+            target["workdir"] = WORKDIR
+    else:  # local with --local-repos: the host's filesystem, the repository from this machine (module docstring)
         target["workdir"] = WORKDIR
         if local_repos is not None:
             target["repo"] = str(Path(local_repos).expanduser().resolve() / instance["instance_id"])
@@ -369,7 +376,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--dataset-name", help="the hub name used when --input is not given (default: the source's)")
     parser.add_argument("--split", help="the hub split (default: the source's: test, or train for SWE-Gym/SWE-smith)")
     parser.add_argument("--agent-name", default="swe_agent", help="agent_name of every row")
-    parser.add_argument("--local-repos", help="deployment local: DIR/<instance_id> holds each repository "
+    parser.add_argument("--local-repos", help="deployment local: DIR/<instance_id> holds each repository, run on "
+                                              "the host's filesystem (without it, local rows name the instance "
+                                              "image, run by bubblewrap over its root filesystem) "
                                               "(swe_smith: DIR/<owner>__<repo>.<commit8>, the clean repository)")
     parser.add_argument("--image-registry", help="put a registry in front of the image name (modal/docker/podman), "
                                                  "e.g. docker.io for podman without unqualified-search registries")

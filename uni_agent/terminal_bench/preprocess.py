@@ -7,7 +7,8 @@ Each row:
 - `prompt`: our system message and the task's instruction.md (with the workdir and how to finish);
 - `extra_info.tools_kwargs.env`: the deployment (podman/docker: the task's image, built from environment/Dockerfile
   or environment.docker_image; local: a workspace made from the Dockerfile's COPYs, for tasks the host can stand
-  in for; modal: environment.docker_image), cpus and memory, the task's ENV, and command/sandbox lifetimes that
+  in for, or with --local-images the task's image, run by bubblewrap over its root filesystem; modal:
+  environment.docker_image), cpus and memory, the task's ENV, and command/sandbox lifetimes that
   fit the task's timeouts;
 - `extra_info.tools_kwargs.interaction.episode_timeout`: [agent] timeout_sec, the whole episode's wall clock;
 - `extra_info.tools_kwargs.reward`: `{name: terminal_bench, eval_timeout: [verifier] timeout_sec, metadata: {task_id,
@@ -79,6 +80,8 @@ def _deployment(task: LoadedTask, deployment: str, image: str | None, workspace:
     }
     memory_mb = cfg.environment.memory_limit_mb()
     internet = cfg.environment.allow_internet
+    if deployment == "local" and image is not None:  # bubblewrap over the task's image: no container runtime
+        return {"type": "local", "image": image, "workdir": task.workdir, "network": internet, **timing}
     if deployment == "local":
         return {"type": "local", "repo": str(workspace), "workdir": task.workdir, "network": internet, **timing}
     if deployment == "modal":
@@ -96,11 +99,12 @@ def task_to_row(task: LoadedTask, deployment: str, agent_name: str, image: str |
                 workspace: Path | None = None) -> dict[str, Any]:
     cfg = task.config
     env_variables = dict(cfg.environment.env)
-    if deployment == "local":  # an image carries its Dockerfile's ENV; the host does not
+    on_host = deployment == "local" and image is None
+    if on_host:  # an image carries its Dockerfile's ENV; the host does not
         env_variables = {**task.dockerfile.env, **env_variables}
     env: dict[str, Any] = {
         "deployment": _deployment(task, deployment, image, workspace),
-        "post_setup_cmd": GIT_BASELINE.replace("WORKDIR", shlex.quote(task.workdir)) if deployment != "local" else "",
+        "post_setup_cmd": "" if on_host else GIT_BASELINE.replace("WORKDIR", shlex.quote(task.workdir)),
     }
     if env_variables:  # an empty mapping would be a struct with no fields, which Parquet cannot store
         env["env_variables"] = env_variables
@@ -126,6 +130,7 @@ def task_to_row(task: LoadedTask, deployment: str, agent_name: str, image: str |
 
 def _image_for(task: LoadedTask, deployment: str, build: bool, build_args: dict[str, str],
                build_network: str | None) -> str:
+    """The task's image: its published one, or the tag of the one built here (local images are built by podman)."""
     prebuilt = task.config.environment.docker_image
     if deployment == "modal":
         if not prebuilt:
@@ -136,14 +141,16 @@ def _image_for(task: LoadedTask, deployment: str, build: bool, build_args: dict[
         return prebuilt
     tag = image_tag(task, build_args)
     if build:
-        build_image(task, tag, cli=deployment, build_args=build_args, network=build_network)
+        build_image(task, tag, cli="podman" if deployment == "local" else deployment, build_args=build_args,
+                    network=build_network)
     return tag
 
 
 def convert_tasks(tasks_dir: Path | None, out_dir: Path, deployment: str = "podman", agent_name: str = "swe_agent",
                   build: bool = False, build_args: dict[str, str] | None = None, build_network: str | None = None,
-                  max_tasks: int | None = None) -> tuple[Path, int, list[TaskProblem]]:
-    """Write the rows; returns (parquet path, rows written, tasks left out with why)."""
+                  max_tasks: int | None = None, local_images: bool = False) -> tuple[Path, int, list[TaskProblem]]:
+    """Write the rows; returns (parquet path, rows written, tasks left out with why). With `local_images`, local
+    rows name the task's image (bubblewrap runs it, see sandbox/image_store.py) instead of a host workspace."""
     if deployment not in DEPLOYMENTS:
         raise ConfigError(f"unknown deployment {deployment!r}; choose one of {DEPLOYMENTS}")
     tasks_dir = (tasks_dir or BUNDLED_TASKS_DIR).expanduser().resolve()
@@ -160,11 +167,11 @@ def convert_tasks(tasks_dir: Path | None, out_dir: Path, deployment: str = "podm
                 raise ConfigError(f"task {task.task_id}: needs {task.config.environment.gpus} GPU(s), which the "
                                   f"{deployment} backend does not give a sandbox")
             image, workspace = None, None
-            if deployment == "local":
+            if deployment == "local" and not local_images:
                 if not task.dockerfile.host_compatible:
                     raise ConfigError(f"task {task.task_id}: needs its image, the host cannot stand in for it "
                                       f"(environment/Dockerfile {'; '.join(task.dockerfile.host_blockers)}); "
-                                      f"use --deployment podman")
+                                      f"use --deployment podman, or local with --local-images")
                 workspace = workspaces / task.task_id
                 shutil.rmtree(workspace, ignore_errors=True)
                 materialize_workspace(task.dockerfile, folder / "environment", workspace)
@@ -203,6 +210,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--build-arg", action="append", default=[], type=_build_arg, metavar="KEY=VALUE",
                         help="passed to every image build (and part of the image tag), e.g. BASE_IMAGE=...")
     parser.add_argument("--build-network", help="--network for the builds (e.g. none)")
+    parser.add_argument("--local-images", action="store_true",
+                        help="local: each row names the task's image (published, or built with podman by "
+                             "--build-images), run by bubblewrap over the image's root filesystem")
     parser.add_argument("--agent-name", default="swe_agent", help="agent_name of every row")
     parser.add_argument("--max-tasks", type=int, help="convert at most K tasks")
 
@@ -211,7 +221,8 @@ def run_cli(args: Any) -> int:
     try:
         path, count, problems = convert_tasks(
             Path(args.tasks_dir) if args.tasks_dir else None, Path(args.local_save_dir), args.deployment,
-            args.agent_name, args.build_images, dict(args.build_arg), args.build_network, args.max_tasks)
+            args.agent_name, args.build_images, dict(args.build_arg), args.build_network, args.max_tasks,
+            args.local_images)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
