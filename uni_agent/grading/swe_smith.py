@@ -5,6 +5,8 @@ of the SWE-smith knowledge (its rows, images and log parsers) in uni_agent/swebe
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,4 +31,6 @@ class SweSmithGrader:
 
     async def grade(self, sandbox: Sandbox, agent: AgentConfig, patch: str, outcome: Verification,
                     oracle: bool) -> None:
+        # This runs on the worker's event loop: the first import of `swebench` (seconds) happens in a thread.
+        await asyncio.to_thread(importlib.import_module, "swebench.harness.grading")
         await grade_swe_smith(sandbox, agent, patch, outcome)

@@ -5,10 +5,14 @@ with the first of `git apply --verbose`, `git apply --verbose --reject`, `patch 
 0 (none → patch_failed, which the official harness counts as an error); then run the eval script (spec.py: reset the
 test files, apply the hidden test patch, run the spec's test command, reset again) with stdout and stderr together,
 as the harness captures them; then grade the log (grading.py).
+
+It runs on the Dask worker's event loop (the `swe_bench` grader, uni_agent/grading/): building the eval script and
+grading the log run in a thread, as the first of them imports `swebench` (seconds) and a log can be megabytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from collections.abc import Callable
@@ -57,7 +61,8 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
     if sandbox.workdir != WORKDIR:
         raise RuntimeError(f"swe_bench grading needs the repository at {WORKDIR} (the official images' layout); "
                            f"this sandbox's workdir is {sandbox.workdir}")
-    script = eval_script(instance)  # before touching the sandbox: an unknown repo/version fails here
+    # Before touching the sandbox: an unknown repo/version fails here.
+    script = await asyncio.to_thread(eval_script, instance)
     workdir = shlex.quote(WORKDIR)
     if patch.strip():
         outcome.apply_command, attempts = await apply_patch(sandbox, workdir, patch, left)
@@ -76,7 +81,7 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
         outcome.notes.append(f"the eval script timed out after {run.duration_s:.0f}s (eval_timeout {timeout:g}s; "
                              "the deployment's runtime_timeout also caps one command)")
         return outcome
-    outcome.grade = grade_log(instance, outcome.log)
+    outcome.grade = await asyncio.to_thread(grade_log, instance, outcome.log)
     outcome.report = outcome.grade.report(patch)
     if not outcome.grade.tests_found:
         outcome.notes.append("the log has no test results between the harness's markers (graded as unresolved)")
