@@ -135,3 +135,17 @@ def test_verify_patch_runs_as_a_coroutine_on_the_workers_event_loop(own_registry
     assert seen["loop_is_workers"], seen
     assert seen["thread_id"] == next(iter(loop_thread_id.values())), seen
     assert "Dask-Default-Threads" not in seen["thread"], seen
+
+
+def test_validating_rows_loads_no_agent_runtime():
+    """dataset.py checks rows against the grader registry without loading the agent loop, its model client, the
+    worker or the driver (checked in a fresh interpreter: this one has loaded everything already)."""
+    import subprocess
+    import sys
+
+    code = "import sys, uni_agent.dataset; print(' '.join(m for m in sys.modules if m.startswith('uni_agent')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "uni_agent.grading.registry" in loaded
+    runtime = ("uni_agent.agent_loop", "uni_agent.conversation", "uni_agent.llm", "uni_agent.worker",
+               "uni_agent.runner", "uni_agent.driver")
+    assert not [m for m in loaded if m.startswith(runtime)], loaded
