@@ -248,6 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-image", default=None,
                         help="also measure the podman backend on this local image (e.g. the tests' image)")
     parser.add_argument("--sandbox-commands", type=int, default=500, help="`true` calls per sandbox figure")
+    parser.add_argument("--image-starts", metavar="IMAGE",
+                        help="only: starts, `true` round trip and disk per sandbox of the local sandbox over IMAGE's "
+                        "root filesystem next to podman running IMAGE (bench/image_start.py)")
     parser.add_argument("--client-only", action="store_true",
                         help="only the LLM client's CPU per request (2,000 requests, 100 in flight, a scripted endpoint)")
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
@@ -276,6 +279,12 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.image_starts:
+        from .image_start import compare
+
+        for line in compare(args.image_starts):
+            print(line, flush=True)
+        return 0
     if args.simulate:
         return simulate(args)
     if args.baseline or args.sandbox_only or args.client_only:
