@@ -5,6 +5,7 @@ whose policy injects the faults.
 """
 
 import asyncio
+import functools
 import json
 import random
 import shutil
@@ -12,6 +13,7 @@ import threading
 from collections import Counter
 
 import pandas as pd
+from tenacity import wait_exponential_jitter
 
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
@@ -147,10 +149,10 @@ class FlakyStartSandbox(LocalSandbox):
             raise SandboxStartError(f"injected start failure of {self.name}")
 
 
-def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch):
+def test_sandbox_start_failures_are_retried_and_leave_nothing(rows):
     """30% of sandbox starts fail: the agent loop retries them (start_retries) and every rollout completes."""
-    monkeypatch.setattr(sandbox_start, "make_sandbox",
-                        lambda deployment, env, name: FlakyStartSandbox(deployment, env, name=name))
+    opener = functools.partial(sandbox_start.start_sandbox, wait=wait_exponential_jitter(multiplier=0.05, max=0.2),
+                               make=lambda deployment, env, name: FlakyStartSandbox(deployment, env, name=name))
     agents = _agents().override_all({"env": {"deployment": {"start_retries": 8}}})
     specs, problems = build_specs(rows, agents, "flaky-run", 2)
     assert not problems and len(specs) == 2 * len(rows)
@@ -159,12 +161,11 @@ def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch)
         with ScriptedLLM(look_then_submit) as server:
             client = ChatClient(server.base_url, "scripted")
             try:
-                return await asyncio.gather(*(UniAgentLoop(s.agent, client).run(s) for s in specs))
+                return await asyncio.gather(*(UniAgentLoop(s.agent, client, open_sandbox=opener).run(s)
+                                              for s in specs))
             finally:
                 await client.aclose()
 
-    start_wait = sandbox_start.wait_exponential_jitter
-    monkeypatch.setattr(sandbox_start, "wait_exponential_jitter", lambda **kw: start_wait(multiplier=0.05, max=0.2))
     results = asyncio.run(main())
     assert FlakyStartSandbox.failures >= 0.15 * FlakyStartSandbox.starts, (FlakyStartSandbox.failures,
                                                                            FlakyStartSandbox.starts)
@@ -172,14 +173,14 @@ def test_sandbox_start_failures_are_retried_and_leave_nothing(rows, monkeypatch)
     assert FlakyStartSandbox.starts == len(specs) + FlakyStartSandbox.failures
 
 
-def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeypatch):
+def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows):
     class BrokenSandbox(LocalSandbox):
         async def start(self) -> None:
             await super().start()
             raise SandboxStartError("injected: the sandbox never comes up")
 
-    monkeypatch.setattr(sandbox_start, "make_sandbox", lambda deployment, env, name: BrokenSandbox(deployment, env,
-                                                                                                   name=name))
+    opener = functools.partial(sandbox_start.start_sandbox,
+                               make=lambda deployment, env, name: BrokenSandbox(deployment, env, name=name))
     agents = _agents().override_all({"env": {"deployment": {"start_retries": 2}}})
     specs, _ = build_specs(rows[:2], agents, "broken-run", 1)
 
@@ -187,7 +188,8 @@ def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows, monkeyp
         with ScriptedLLM(look_then_submit) as server:
             client = ChatClient(server.base_url, "scripted")
             try:
-                return await asyncio.gather(*(UniAgentLoop(s.agent, client).run(s) for s in specs))
+                return await asyncio.gather(*(UniAgentLoop(s.agent, client, open_sandbox=opener).run(s)
+                                              for s in specs))
             finally:
                 await client.aclose()
 
