@@ -196,3 +196,25 @@ def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():
     unchecked = RunSettings.model_construct(engine="echo")  # as if validation were skipped
     with pytest.raises(UnknownName, match="unknown engine 'echo'; known engines: llama_cpp, external, vllm"):
         asyncio.run(start_engines(None, unchecked, "/tmp/logs"))
+
+
+def test_every_deployment_type_has_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:
+    """A deployment `type` that config accepts must name a backend in SANDBOXES, and make_sandbox finds a backend
+    by that name alone (no chain to extend)."""
+    from uni_agent.config import DEPLOYMENT_TYPES, MemoryDeploymentConfig
+    from uni_agent.sandbox import SANDBOXES, make_sandbox
+    from uni_agent.sandbox.memory import MemorySandbox
+
+    assert sorted(SANDBOXES.names()) == sorted(DEPLOYMENT_TYPES)
+    assert isinstance(make_sandbox(MemoryDeploymentConfig(), {}, "m"), MemorySandbox)
+
+    class Recorded(MemorySandbox):
+        pass
+
+    SANDBOXES.register("memory", Recorded, replace=True)
+    try:
+        assert type(make_sandbox(MemoryDeploymentConfig(), {}, "m")) is Recorded
+    finally:
+        SANDBOXES.register("memory", "uni_agent.sandbox.memory:MemorySandbox", replace=True)
+    with pytest.raises(UnknownName, match=r"unknown deployment type 'vefaas'; known deployment types: local, "):
+        SANDBOXES.get("vefaas")

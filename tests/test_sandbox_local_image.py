@@ -278,3 +278,30 @@ def test_terminal_bench_oracle_in_its_image_on_the_local_backend(base_image: str
     empty = verify_all(rows, LOCAL_CONFIG, patch="empty", output_dir=str(tmp_path / "empty"),
                        scheduler_address=address, progress=False)
     assert empty.summary["resolved"] == 0
+
+
+def test_pre_pull_unpacks_every_image_a_dataset_names_once(saved: dict[str, str], tmp_path: Path) -> None:
+    """The SLURM pre-pull step (cluster/sandbox-workers.sbatch): `python -m uni_agent.sandbox.image_store pull`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def row(deployment: dict[str, Any]) -> dict[str, Any]:
+        return {"instance_id": "x", "extra_info": {"tools_kwargs": {"env": {"deployment": deployment}}}}
+
+    dataset = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([row({"type": "local", "image": saved["layout"]}),
+                                         row({"type": "local", "image": saved["layout"]}),
+                                         row({"type": "podman", "image": "not-ours"}),
+                                         row({"type": "local", "image": f"oci:{tmp_path / 'absent'}"})]), dataset)
+    env = {**os.environ, "UNI_AGENT_IMAGE_CACHE": str(tmp_path / "node-cache")}
+    command = [sys.executable, "-m", "uni_agent.sandbox.image_store"]
+    first = subprocess.run([*command, "pull", "--dataset", str(dataset)], capture_output=True, text=True, env=env,
+                           cwd=REPO_ROOT, timeout=300)
+    assert first.returncode == 1  # the absent image failed, and says which
+    assert first.stdout.count("unpacked") == 1 and "not-ours" not in first.stdout + first.stderr
+    assert "absent" in first.stderr
+    second = subprocess.run([*command, "pull", saved["layout"]], capture_output=True, text=True, env=env,
+                            cwd=REPO_ROOT, timeout=300)
+    assert second.returncode == 0 and second.stdout.startswith("cached"), second.stdout + second.stderr
+    listed = subprocess.run([*command, "list"], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=60)
+    assert saved["layout"] in listed.stdout and "MiB" in listed.stdout
