@@ -381,3 +381,20 @@ def test_constrained_tool_calls_need_prompt_tools(tmp_path: Path) -> None:
     path.write_text("- name: a\n  interaction: {tools_in: api, constrain_tool_calls: true}\n")
     with pytest.raises(ConfigError, match="constrain_tool_calls needs tools_in: prompt"):
         AgentConfigs.load(path)
+
+
+def test_constrained_tool_calls_need_a_format_a_json_schema_can_constrain(tmp_path: Path) -> None:
+    """The decoding constraint is the chosen format's own schema; a tag format (qwen3_coder) has none, so asking to
+    constrain it is an error at load time (it used to send hermes's JSON shape, which the qwen3_coder parser rejects)."""
+    from uni_agent.tool_calls import decoding_schema, tool_call_json_schema
+    from uni_agent.tools.toolbox import tool_schemas
+
+    path = tmp_path / "agents.yaml"
+    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_parser: qwen3_coder, constrain_tool_calls: true}\n")
+    with pytest.raises(ConfigError, match="qwen3_coder.*cannot be constrained"):
+        AgentConfigs.load(path)
+    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_parser: hermes, constrain_tool_calls: true}\n")
+    assert AgentConfigs.load(path).validated["a"].interaction.constrain_tool_calls
+    schemas = tool_schemas(["execute_bash", "submit"])
+    assert decoding_schema(schemas, "hermes") == tool_call_json_schema(schemas)
+    assert decoding_schema(schemas, "qwen3_coder") is None

@@ -31,9 +31,9 @@ from .sandbox.start import start_sandbox, workspace_patch
 from .tool_calls import (
     ToolCall,
     ToolCallFormatError,
+    decoding_schema,
     parse_structured,
     parse_text,
-    tool_call_json_schema,
     tool_format_instructions,
 )
 from .tools.toolbox import Toolbox
@@ -185,7 +185,8 @@ class UniAgentLoop:
         tools = schemas if interaction.tools_in == "api" else None
         response_format = None
         if interaction.constrain_tool_calls:
-            response_format = {"type": "json_object", "schema": tool_call_json_schema(schemas)}
+            # the chosen format's own schema: config only allows formats that have one
+            response_format = {"type": "json_object", "schema": decoding_schema(schemas, interaction.tool_parser)}
         return tools, response_format
 
     async def _query(self, conversation: Conversation, tools: list[dict] | None,

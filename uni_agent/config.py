@@ -204,6 +204,9 @@ class InteractionConfig(StrictModel):
     def _constraint_needs_prompt_tools(self) -> InteractionConfig:
         if self.constrain_tool_calls and self.tools_in != "prompt":
             raise ValueError("constrain_tool_calls needs tools_in: prompt (with tools_in: api the server parses calls)")
+        if self.constrain_tool_calls and TEXT_FORMATS.get(self.tool_parser).decoding_schema([]) is None:
+            raise ValueError(f"constrain_tool_calls needs a tool_parser whose calls are JSON (hermes); "
+                             f"{self.tool_parser!r} calls cannot be constrained by a JSON schema")
         return self
 
 

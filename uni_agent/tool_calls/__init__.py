@@ -9,12 +9,13 @@ its turn, so each message says what was wrong and how to write the call instead.
 
 from .calls import ParsedReply, ToolCall, ToolCallFormatError
 from .hermes import tool_call_json_schema
-from .registry import TEXT_FORMATS, format_call, parse_text, text_format, tool_format_instructions
+from .registry import TEXT_FORMATS, decoding_schema, format_call, parse_text, text_format, tool_format_instructions
 from .structured import parse_structured
 from .text_format import TextFormat
 from .validation import validate_call
 
 __all__ = [
-    "TEXT_FORMATS", "ParsedReply", "TextFormat", "ToolCall", "ToolCallFormatError", "format_call", "parse_structured",
+    "TEXT_FORMATS", "ParsedReply", "TextFormat", "ToolCall", "ToolCallFormatError", "decoding_schema", "format_call",
+    "parse_structured",
     "parse_text", "text_format", "tool_call_json_schema", "tool_format_instructions", "validate_call",
 ]

@@ -35,3 +35,9 @@ def tool_format_instructions(tools: list[dict], fmt: str) -> str:
     """System-prompt section listing the tools and how to write a call in `fmt` (for servers that do not render
     tools)."""
     return text_format(fmt).instructions(tools)
+
+
+def decoding_schema(tools: list[dict], fmt: str) -> dict[str, Any] | None:
+    """The JSON schema that only well-formed calls in `fmt` match (for a server's `response_format`), or None when
+    the format is not JSON (no schema can constrain it)."""
+    return text_format(fmt).decoding_schema(tools)
