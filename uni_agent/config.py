@@ -3,6 +3,9 @@
 Every model forbids unknown keys, so a typo is an error naming the file and the field instead of a silently ignored
 setting. A dataset row's `extra_info.tools_kwargs` is deep-merged over the agent's YAML entry (the row wins) and the
 merged dict is validated again, so a bad row is reported with its index.
+
+One file (over 300 lines) on purpose: it is the reference for every key of the YAML, read top to bottom by users
+writing one; each class is small and the file holds nothing but the models and their loading.
 """
 
 from __future__ import annotations

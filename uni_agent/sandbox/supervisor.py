@@ -2,7 +2,8 @@
 
 It runs INSIDE the sandbox (bubblewrap, a container, a Modal sandbox), started as `python3 -I -S -c <this file's
 source> STATE_DIR`, so it must run on any python3 >= 3.6 an image may have, with the standard library alone: no
-third-party imports, no syntax newer than 3.6, nothing from the uni_agent package.
+third-party imports, no syntax newer than 3.6, nothing from the uni_agent package. That is also why it is one file
+over 300 lines: its source is what the host sends, so it cannot import a helper module of its own.
 
 Protocol (its stdin and stdout; its stderr is a diagnostic log only). Every message is one line of space-separated
 fields, followed by the raw bytes whose lengths the line announces (no json: importing it, with `re`, would double
