@@ -398,3 +398,16 @@ def test_constrained_tool_calls_need_a_format_a_json_schema_can_constrain(tmp_pa
     schemas = tool_schemas(["execute_bash", "submit"])
     assert decoding_schema(schemas, "hermes") == tool_call_json_schema(schemas)
     assert decoding_schema(schemas, "qwen3_coder") is None
+
+
+def test_a_deployment_rejects_fields_its_type_does_not_use(tmp_path: Path) -> None:
+    """`proxy` reaches a remote provider and `image` names what a sandbox runs: a local sandbox takes an image (its
+    root filesystem) but no proxy, the memory stand-in neither; both used to be accepted and ignored."""
+    path = tmp_path / "agents.yaml"
+    for deployment, field in (("{type: local, proxy: 'http://p:3128'}", "proxy"),
+                              ("{type: memory, image: debian}", "image")):
+        path.write_text(f"- name: a\n  env: {{deployment: {deployment}}}\n")
+        with pytest.raises(ConfigError, match=field):
+            AgentConfigs.load(path)
+    path.write_text("- name: a\n  env: {deployment: {type: local, image: 'oci:/images/debian'}}\n")
+    assert AgentConfigs.load(path).validated["a"].env.deployment.image == "oci:/images/debian"
