@@ -271,7 +271,7 @@ def test_run_with_a_client_prints_the_page(clean_env, rows, dask_client, tmp_pat
 def test_scheduler_file_prints_the_page(clean_env, dask_client, tmp_path, capfd):
     import asyncio
 
-    from uni_agent.runner import _cluster_client
+    from uni_agent.driver.cluster import cluster_client
 
     scheduler_file = tmp_path / "scheduler.json"  # what `dask scheduler --scheduler-file` writes: its identity
     info = dask_client.scheduler_info()
@@ -279,7 +279,7 @@ def test_scheduler_file_prints_the_page(clean_env, dask_client, tmp_path, capfd)
     settings = load_settings(scheduler_file=str(scheduler_file), worker_wait_timeout=30)
 
     async def connect():
-        async with _cluster_client(settings, None) as client:
+        async with cluster_client(settings) as client:
             return client.dashboard_link
 
     link = asyncio.run(connect())

@@ -13,15 +13,15 @@ that bookkeeping itself:
 
 Device indices are the worker's own (0..GPU-1). The engine gets them as `CUDA_VISIBLE_DEVICES`, mapped through the
 worker's own `CUDA_VISIBLE_DEVICES` when it has one (SLURM sets it for `--gres=gpu:N` jobs).
+
+Which workers take agents and sandboxes, and the wait for workers of a cluster started apart, are the driver's:
+uni_agent.driver.cluster. This module stays outside the driver because the engines and the scheduler preload use it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -196,21 +196,3 @@ async def place_replicas(client: Any, *, tp: int, nnodes: int, n_gpus_per_node: 
 async def release_replicas(client: Any) -> None:
     await client.run_on_scheduler(_leases_call, "release", client.id)
 
-
-async def wait_for_workers(client: Any, timeout: float, *, gpu_resource: str = "GPU", gpus: int = 0) -> None:
-    """On a cluster started apart, wait until a worker can take sandboxes (it declares SANDBOX, or no GPUs) and the
-    GPU workers declare `gpus` GPUs, or `timeout` seconds; then placement names whatever is still missing."""
-    deadline = time.monotonic() + timeout
-    said = ""
-    while True:
-        info = (await client.scheduler.identity(n_workers=-1))["workers"]
-        resources = [w.get("resources") or {} for w in info.values()]
-        have_gpus = sum(float(r.get(gpu_resource, 0)) for r in resources)
-        sandbox = sum("SANDBOX" in r or gpu_resource not in r for r in resources)
-        if (sandbox and have_gpus >= gpus) or time.monotonic() > deadline:
-            return
-        status = f"{sandbox} for sandboxes, {have_gpus:g} of {gpus} GPUs"
-        if status != said:
-            print(f"waiting up to {timeout:g}s for dask workers: {status}", file=sys.stderr)
-            said = status
-        await asyncio.sleep(1)

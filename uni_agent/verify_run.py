@@ -22,11 +22,12 @@ from typing import Any, get_args
 import pandas as pd
 from distributed import as_completed
 
-from .config import AgentConfigs, ConfigError
-from .dataset import build_specs
-from .runner import RunOutcome, _cluster_client, _load_rows, _sandbox_workers, resolve_path, verification_placement
+from .config import ConfigError
+from .driver.cluster import cluster_client, sandbox_workers, verification_placement
+from .driver.inputs import load_inputs
+from .runner import RunOutcome
 from .settings import RunSettings, load_settings
-from .verify import ReferenceKind, Verification, verify_reference
+from .grading import ReferenceKind, Verification, verify_reference
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet
@@ -52,16 +53,8 @@ def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings
 async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch: str) -> RunOutcome:
     started = time.monotonic()
     output_dir = settings.output_path(default_output_dir(patch))
-    agents = agent_config if isinstance(agent_config, AgentConfigs) else AgentConfigs.load(
-        resolve_path(agent_config or settings.agent_config_path))
-    rows, source = _load_rows(data, settings, output_dir)
-    if settings.max_samples >= 0:
-        rows = rows[: settings.max_samples]
-    specs, problems = build_specs(rows, agents, f"verify-{patch}", 1, source)
-    for problem in problems:
-        print(f"skipped: {problem.error}", file=sys.stderr)
-    if not specs:
-        raise ConfigError(f"{source}: no valid rows to verify")
+    inputs = load_inputs(data, agent_config, settings, output_dir, run_id=f"verify-{patch}", n=1, purpose="verify")
+    specs, problems = inputs.specs, inputs.problems
     path = output_dir / f"verify_{patch}.parquet"
     records = _graded_before(path, {spec.instance_id for spec in specs})
     todo = [spec for spec in specs if spec.instance_id not in records]
@@ -69,8 +62,9 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
         print(f"resuming: {len(records)} instances already graded in {path}, {len(todo)} to run", file=sys.stderr)
     output_dir.mkdir(parents=True, exist_ok=True)
     if todo:
-        async with _cluster_client(settings, None) as client:
-            placement = await verification_placement(client, await _sandbox_workers(client))
+        async with cluster_client(settings) as client:
+            workers = await sandbox_workers(client, settings.gpu_resource_name)
+            placement = await verification_placement(client, workers)
             futures = {
                 client.submit(
                     verify_reference, spec.agent, patch, f"{spec.instance_id}-{patch}", pure=False, **placement,

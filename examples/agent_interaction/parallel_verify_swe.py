@@ -33,7 +33,7 @@ def verify_swe(argv: list[str]) -> int:
         return 2
 
     from uni_agent import AgentConfigs
-    from uni_agent.runner import resolve_path
+    from uni_agent.driver.inputs import resolve_path
     from uni_agent.verify_run import verify_all
 
     settings = settings_from(args)
