@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import sys
-import threading
 import time
 import types
 import uuid
@@ -653,37 +652,36 @@ def test_proxy_is_set_for_the_sdk_and_one_proxy_per_process(cloud: FakeCloud, mo
 # -- the limiter -----------------------------------------------------------------------------------------------------
 
 
-def test_starting_cap_holds_across_event_loops_in_threads() -> None:
+def test_starting_cap_holds_across_tasks_and_outlives_an_event_loop() -> None:
+    """Every sandbox of a process starts on one event loop (a Dask worker's: the agent loops and verification run
+    there), and a process may run loops one after another (asyncio.run): the cap holds within a loop and outlives
+    it, and a loop ending with starts still waiting leaves nothing held."""
     cap = StartingCap(2)
     inside = 0
     peak = 0
-    lock = threading.Lock()
-    gate = threading.Barrier(4)
 
-    def worker() -> None:
-        async def one() -> None:
-            nonlocal inside, peak
-            async with cap.slot():
-                with lock:
-                    inside += 1
-                    peak = max(peak, inside)
-                await asyncio.sleep(0.02)
-                with lock:
-                    inside -= 1
+    async def one() -> None:
+        nonlocal inside, peak
+        async with cap.slot():
+            inside += 1
+            peak = max(peak, inside)
+            try:
+                await asyncio.sleep(0.01)
+            finally:
+                inside -= 1
 
-        async def main() -> None:
-            gate.wait()
-            await asyncio.gather(*(one() for _ in range(5)))
+    async def many() -> None:
+        await asyncio.gather(*(one() for _ in range(5)))
 
+    async def left_waiting() -> None:  # asyncio.run cancels the tasks still running when main returns
+        for _ in range(4):
+            asyncio.get_running_loop().create_task(one())
+        await asyncio.sleep(0)
+
+    for main in (many, many, left_waiting, many):
         asyncio.run(main())
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
-    assert peak == 2 and cap.max_held == 2 and cap.held == 0
+        assert cap.held == 0
+    assert peak == 2 and cap.max_held == 2
 
 
 def test_cancelled_waiters_do_not_lose_slots() -> None:
