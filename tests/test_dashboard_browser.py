@@ -114,7 +114,7 @@ class LiveRun:
     def _run(self, rows, agents, client, server):
         try:
             self.outcome = run(rows, agents, client=client, engine="external", base_url=server.base_url,
-                               model_name="scripted", num_workers=2, n=2, output_dir=str(self.out), progress=False)
+                               model_name="scripted", agent_workers=2, n=2, output_dir=str(self.out), progress=False)
         except BaseException as exc:  # reported by the test
             self.error = exc
 

@@ -55,7 +55,7 @@ def test_planted_api_key_appears_in_no_output(tmp_path, dask_client, capfd):
         {"log_dir": str(trajectories), "interaction": {"tools_in": "api", "constrain_tool_calls": False}})
     with ScriptedLLM(echoing_policy) as server:
         outcome = run(rows, agents, client=dask_client, engine="external", base_url=server.base_url,
-                      model_name="scripted", api_key=SECRET, num_workers=2, output_dir=str(out), progress=True,
+                      model_name="scripted", api_key=SECRET, agent_workers=2, output_dir=str(out), progress=True,
                       log_level="DEBUG")
         # The key really was used: every request carried it.
         assert server.requests and all(r["_headers"].get("Authorization") == f"Bearer {SECRET}"

@@ -416,7 +416,7 @@ def test_parallel_verify_swe_script_resumes(tiny_task, tmp_path):
     pq.write_table(pa.Table.from_pylist(_rows(tiny_task, 2)), data)
     script = REPO_ROOT / "examples" / "agent_interaction" / "parallel_verify_swe.py"
     command = [sys.executable, str(script), "--data-path", str(data), "--output-dir", str(tmp_path / "out"),
-               "--eval-timeout", "300", "--n-workers", "1"]
+               "--eval-timeout", "300", "--local-workers", "1"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -254,7 +254,7 @@ def test_agent_run_end_to_end_on_the_local_backend(local_rows, tmp_path, dask_cl
         {"interaction": {"tools_in": "api", "constrain_tool_calls": False}})
     with ScriptedLLM(terminal_agent) as server:
         outcome = run(local_rows, agents, client=dask_client, engine="external", base_url=server.base_url,
-                      model_name="scripted", num_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
+                      model_name="scripted", agent_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
     results = check_agent_run(outcome, HOST_TASKS, tmp_path / "out")
     assert "bin/wordcount.sh" in results.loc["fix-word-count", "patch"]  # the agent's change, graded afresh
 
@@ -289,6 +289,6 @@ def test_a_service_left_running_is_graded_in_the_agents_own_sandbox(tmp_path, da
         {"interaction": {"tools_in": "api", "constrain_tool_calls": False}})
     with ScriptedLLM(agent) as server:
         outcome = run(rows, agents, client=dask_client, engine="external", base_url=server.base_url,
-                      model_name="scripted", num_workers=1, output_dir=str(tmp_path / "out"), progress=False, n=1)
+                      model_name="scripted", agent_workers=1, output_dir=str(tmp_path / "out"), progress=False, n=1)
     result = outcome.results.set_index("instance_id").loc["serve-status-page"]
     assert result["exit_reason"] == "submitted" and result["reward"] == 1.0, result.to_dict()

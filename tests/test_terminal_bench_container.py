@@ -66,7 +66,7 @@ def test_agent_run_end_to_end_in_task_images(podman_rows, tmp_path, dask_client)
     agents = AgentConfigs.load(PODMAN_CONFIG)
     with ScriptedLLM(terminal_agent) as server:
         outcome = run(podman_rows, agents, client=dask_client, engine="external", base_url=server.base_url,
-                      model_name="scripted", num_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
+                      model_name="scripted", agent_workers=2, output_dir=str(tmp_path / "out"), progress=False, n=1)
     results = check_agent_run(outcome, BUNDLED, tmp_path / "out")
     # The image's workdir is no repository: the rollout's first command made a baseline commit, so the agent's
     # change also comes back as a diff (the grading itself ran in the agent's container).
