@@ -50,4 +50,4 @@ def classify(result: RolloutResult) -> None:
         result.failure_cause = "unresolved"
 
 
-NO_RESULT = "no verification result"  # the driver's own bound on a verification future (runner._verify): infra
+NO_RESULT = "no verification result"  # the driver's own bound on a verification future (driver.dispatch): infra

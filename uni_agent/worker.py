@@ -28,7 +28,7 @@ from .redact import register_secret
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
-ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.mailbox polls every 2 s)
+ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.driver.mailbox polls every 2 s)
 
 
 class AgentWorker:
@@ -46,7 +46,7 @@ class AgentWorker:
         self.router = Router(self.clients, give_up_after=llm_timeout)
         self.address = worker_address()
         self.emit = worker_emitter()
-        # Rollouts handed over in batches (uni_agent.mailbox): finished ones wait here for the driver's collect.
+        # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
         self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
         self._finished_event = asyncio.Event()
         self._running: set[asyncio.Task] = set()
