@@ -24,15 +24,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .endpoint_pool import EndpointPool
 from .measure import ensure_limits, load_average
+from .simulate_processes import ProcessCluster, Sampler, page_probe
+from .simulate_report import check_line, growth_lines, table_head, table_line
 
 COMMAND = "echo hello && ls"
 N_PER_TASK = 4  # rollouts per task: in_flight x waves rollouts = tasks x 4
@@ -62,147 +62,7 @@ def ideal_makespan(options: SimOptions) -> float:
     return options.waves * ((options.turns + 1) * options.delay_s + (options.turns + 1) * options.command_s)
 
 
-# -- the processes -------------------------------------------------------------------------------------------------
-
-
-class ProcessCluster:
-    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation."""
-
-    def __init__(self, workers: int, work_dir: Path, env: dict[str, str], cwd: Path | None = None):
-        self.n, self.dir, self.env, self.cwd = workers, work_dir, env, cwd
-        self.scheduler_file = work_dir / "scheduler.json"
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def _start(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "dask", *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd)
-        self.procs[name] = proc
-        return proc
-
-    def __enter__(self) -> ProcessCluster:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
-                    "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
-                    "--preload", "uni_agent.scheduler_preload")
-        _wait(lambda: self.scheduler_file.exists(), 60, "the dask scheduler did not write its scheduler file")
-        for i in range(self.n):
-            self._start(f"worker-{i}", "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
-                        "--nthreads", "2", "--resources", "SANDBOX=100000", "--memory-limit", "0",
-                        "--no-dashboard", "--name", f"sim-{i}")
-        from distributed import Client
-
-        self.client = Client(scheduler_file=str(self.scheduler_file), timeout=60)
-        self.client.wait_for_workers(self.n, timeout=120)
-        info = self.client.scheduler_info(n_workers=-1)
-        self.dashboard = f"http://127.0.0.1:{info['services']['dashboard']}"
-        pids = self.client.run(os.getpid)
-        self.worker_pids = {w["name"]: pids[address] for address, w in info["workers"].items()}
-        return self
-
-    def kill_worker(self, name: str) -> None:
-        """Worker and nanny both, at once (a node lost), so the nanny does not restart it."""
-        proc = self.procs[f"worker-{name.split('-')[-1]}"]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            self.client.close()
-        for name, proc in reversed(list(self.procs.items())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def _wait(ready, timeout: float, error: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(error)
-        time.sleep(0.1)
-
-
-class Sampler:
-    """CPU seconds and peak RSS of named processes (psutil, every `interval` s, in a thread), and of the page's
-    state: its size and build time inside the scheduler, and the events folded so far (run_on_scheduler)."""
-
-    def __init__(self, client: Any, dashboard: str, interval: float = 1.0):
-        import psutil
-
-        self.psutil, self.client, self.dashboard, self.interval = psutil, client, dashboard, interval
-        self.procs: dict[str, Any] = {}
-        self.cpu0: dict[str, float] = {}
-        self.cpu: dict[str, float] = {}
-        self.peak_rss: dict[str, int] = {}
-        self.page: list[dict[str, float]] = []  # one probe every few seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="sim-sampler")
-
-    def watch(self, name: str, pid: int) -> None:
-        with contextlib.suppress(self.psutil.Error):
-            proc = self.psutil.Process(pid)
-            times = proc.cpu_times()
-            self.procs[name], self.cpu0[name] = proc, times.user + times.system
-            self.cpu.setdefault(name, 0.0)
-
-    def _sample(self) -> None:
-        for name, proc in list(self.procs.items()):
-            try:
-                times, rss = proc.cpu_times(), proc.memory_info().rss
-            except self.psutil.Error:  # gone (killed on purpose, or a driver that finished)
-                self.procs.pop(name)
-                continue
-            self.cpu[name] = times.user + times.system - self.cpu0[name]
-            self.peak_rss[name] = max(self.peak_rss.get(name, 0), rss)
-
-    def _loop(self) -> None:
-        probes = 0
-        while not self._stop.wait(self.interval):
-            self._sample()
-            probes += 1
-            if probes % 5 == 0:
-                with contextlib.suppress(Exception):
-                    self.page.append(self.probe())
-
-    def probe(self) -> dict[str, float]:
-        figures = self.client.run_on_scheduler(_page_probe)
-        started = time.perf_counter()
-        with urllib.request.urlopen(f"{self.dashboard}/uni-agent/api/state.json", timeout=30) as response:
-            figures["http_bytes"] = len(response.read())
-        figures["http_ms"] = (time.perf_counter() - started) * 1000
-        figures["t"] = time.monotonic()
-        return figures
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-
-def _page_probe(dask_scheduler: Any) -> dict[str, float]:
-    """In the scheduler: build the page's state as its handler does, and count the events folded so far."""
-    plugin = dask_scheduler.plugins.get("uni-agent-dashboard")
-    if plugin is None:
-        return {"events": 0, "state_bytes": 0, "build_ms": 0}
-    started = time.perf_counter()
-    body = plugin.state_json(None, 200)
-    return {"events": plugin.state.totals.events, "state_bytes": len(body),
-            "build_ms": (time.perf_counter() - started) * 1000, "rollouts_held": sum(
-                len(r.rollouts) for r in plugin.state.runs.values())}
-
-
-# -- one point -----------------------------------------------------------------------------------------------------
+# -- one point (its processes: simulate_processes.py; its table: simulate_report.py) -------------------------------
 
 
 def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, Path, int]:
@@ -261,7 +121,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
             sampler.watch(name, pid)
         for i, pid in enumerate(endpoint.pids):
             sampler.watch(f"endpoint-{i}", pid)
-        events0 = cluster.client.run_on_scheduler(_page_probe)["events"]
+        events0 = cluster.client.run_on_scheduler(page_probe)["events"]
         load_before = load_average()
         started = time.monotonic()
         driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
@@ -372,59 +232,7 @@ def _profiles(cluster: ProcessCluster, profile_dir: Path | None, name: str):
         stop_profilers(procs)
 
 
-# -- the sweep -----------------------------------------------------------------------------------------------------
-
-COLUMNS = [("in flight", 9), ("ok/total", 13), ("makespan s", 10), ("ideal s", 7), ("eff", 5), ("rollouts/min", 12),
-           ("sched cores", 11), ("sched MiB", 9), ("driver cores", 12), ("driver MiB", 10), ("worker cores", 12),
-           ("worker MiB", 10), ("events/s", 8), ("page KB", 7), ("page ms", 7), ("pq KB/s", 7), ("parts", 5), ("load", 5)]
-
-
-def table_line(row: dict[str, Any]) -> str:
-    workers = [k for k in row["worker_cores"]]
-    rss = row["peak_rss_mib"]
-    driver_mib = max([rss.get("driver", 0.0), rss.get("driver-resumed", 0.0)])
-    values = [row["in_flight"], f"{row['recorded'] - row['duplicates']}/{row['rollouts']}", f"{row['makespan_s']:.1f}",
-              f"{row['ideal_s']:.1f}", f"{row['efficiency']:.2f}", f"{row['rollouts_per_min']:.0f}",
-              f"{row['scheduler_cores']:.2f}", f"{rss.get('scheduler', 0):.0f}", f"{row['driver_cores']:.2f}",
-              f"{driver_mib:.0f}", "/".join(f"{row['worker_cores'][w]:.2f}" for w in workers),
-              "/".join(f"{rss.get(w, 0):.0f}" for w in workers), f"{row['events_per_s']:.0f}",
-              f"{row['page_state_kb_max']:.0f}", f"{row['page_build_ms_max']:.1f}",
-              f"{row['parquet_bytes_per_s'] / 1000:.1f}", row["part_files"], f"{row.get('load', float('nan')):.1f}"]
-    return " | ".join(str(v).rjust(width) for v, (_, width) in zip(values, COLUMNS, strict=True))
-
-
-def table_head() -> str:
-    head = " | ".join(name.rjust(width) for name, width in COLUMNS)
-    return f"{head}\n{'-' * len(head)}"
-
-
-GROWTH = [("scheduler CPU s", lambda r: r["cpu_s"].get("scheduler", 0.0)),
-          ("driver CPU s", lambda r: r["cpu_s"].get("driver", 0.0) + r["cpu_s"].get("driver-resumed", 0.0)),
-          ("workers CPU s", lambda r: sum(r["cpu_s"][w] for w in r["worker_cores"])),
-          ("scheduler peak MiB", lambda r: r["peak_rss_mib"].get("scheduler", 0.0)),
-          ("driver peak MiB", lambda r: r["peak_rss_mib"].get("driver", 0.0)),
-          ("workers peak MiB", lambda r: sum(r["peak_rss_mib"].get(w, 0.0) for w in r["worker_cores"])),
-          ("events", lambda r: r["events"]),
-          ("page state KB", lambda r: r["page_state_kb_max"]),
-          ("page build ms", lambda r: r["page_build_ms_max"]),
-          ("Parquet bytes", lambda r: r["parquet_bytes"])]
-
-
-def growth_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """How each figure grows with the rollouts: the exponent k in figure ~ rollouts^k between the smallest and the
-    largest point (1 = linear; above 1 grows faster than linearly), and the figure per rollout at each point."""
-    rows = [r for r in rows if not r["faults"]]
-    if len(rows) < 2:
-        return []
-    small, large = rows[0], rows[-1]
-    scale = large["rollouts"] / small["rollouts"]
-    lines = [f"growth from {small['rollouts']} to {large['rollouts']} rollouts (x{scale:g}); k in figure ~ n^k:"]
-    for name, get in GROWTH:
-        a, b = get(small), get(large)
-        k = math.log(b / a) / math.log(scale) if a > 0 and b > 0 and scale > 1 else float("nan")
-        per = ", ".join(f"{get(r) / r['rollouts']:.4g}" for r in rows)
-        lines.append(f"  {name:>18}: k = {k:5.2f}   per rollout: {per}")
-    return lines
+# -- the sweep -------------------------------------------------------------------------------------------------------
 
 
 def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
@@ -449,14 +257,14 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
         row = run_point(options, in_flight, out / f"c{in_flight}", echo)
         rows.append(row)
         echo(table_line(row))
-        _check(row, echo)
+        echo(check_line(row))
     if options.faults or options.faults_only:
         in_flight = options.in_flight[-1]
         echo(f"faults at {in_flight} in flight: kill 2 of {options.workers} workers, then the driver (resume)")
         row = run_point(options, in_flight, out / f"c{in_flight}-faults", echo, faults=True)
         rows.append(row)
         echo(table_line(row))
-        _check(row, echo)
+        echo(check_line(row))
     for line in growth_lines(rows):
         echo(line)
     endpoint_late = max((r["endpoint"].get("late_max_s", 0.0) for r in rows), default=0.0)
@@ -467,28 +275,6 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     if options.out_dir is None:
         shutil.rmtree(out, ignore_errors=True)
     return report
-
-
-def before_after(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
-    """One line per in-flight point measured both times (faults runs left out)."""
-    lines = [f"before ({ref}) -> now, same invocation, same machine:"]
-    old = {r["in_flight"]: r for r in before["rows"] if not r["faults"]}
-    for row in (r for r in after["rows"] if not r["faults"] and r["in_flight"] in old):
-        b = old[row["in_flight"]]
-        lines.append(
-            f"  {row['in_flight']} in flight: eff {b['efficiency']:.2f} -> {row['efficiency']:.2f}, rollouts/min "
-            f"{b['rollouts_per_min']:.0f} -> {row['rollouts_per_min']:.0f}, makespan {b['makespan_s']:.0f} -> "
-            f"{row['makespan_s']:.0f} s, driver CPU {b['cpu_s'].get('driver', 0):.1f} -> "
-            f"{row['cpu_s'].get('driver', 0):.1f} s, scheduler CPU {b['cpu_s'].get('scheduler', 0):.1f} -> "
-            f"{row['cpu_s'].get('scheduler', 0):.1f} s")
-    return lines
-
-
-def _check(row: dict[str, Any], echo) -> None:  # noqa: ANN001
-    echo(f"    recorded {row['recorded']} rows for {row['rollouts']} rollouts: {row['lost']} lost, "
-         f"{row['duplicates']} duplicate keys, {row['submitted']} submitted; driver exit {row['driver_exit']}; "
-         f"page held {row['page_rollouts_held']} rollouts, largest state {row['page_state_kb_max']:.0f} KB built in "
-         f"{row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)")
 
 
 def ok(report: dict[str, Any]) -> bool:
