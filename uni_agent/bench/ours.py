@@ -68,7 +68,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
                 contextlib.redirect_stderr(log):
             started = time.monotonic()
             outcome = run(rows, bench_agents(concurrency, turns), client=client, engine="external",
-                          base_url=base_url, model_name="scripted", n=rollouts, num_workers=workers, verify=False,
+                          base_url=base_url, model_name="scripted", n=rollouts, agent_workers=workers, verify=False,
                           progress=False, output_dir=str(out_dir), log_level="INFO")
             makespan = time.monotonic() - started
         machine_cpu = machine_cpu_seconds() - machine_before
