@@ -101,7 +101,7 @@ def test_heredoc_task_folders_convert(tmp_path):
 def test_classic_dockerfile_turns_heredocs_into_context_files(tmp_path):
     """For builders without heredocs (buildah < 1.33: Debian 12's podman 4.3 reads `[service]` as an instruction):
     the same effect from files in a copy of the build context."""
-    from uni_agent.terminal_bench.dockerfile import classic_dockerfile, prepare_build_context
+    from uni_agent.terminal_bench.classic_dockerfile import classic_dockerfile, prepare_build_context
 
     path = tmp_path / "Dockerfile"
     path.write_text("FROM x\nARG WHO=you\nWORKDIR /w\n# kept\nRUN <<EOF\n#!/usr/bin/env python3\nprint(1)\nEOF\n"

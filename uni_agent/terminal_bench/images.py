@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import ConfigError
-from .dockerfile import prepare_build_context
+from .classic_dockerfile import prepare_build_context
 from .task import LoadedTask
 
 TAG_PREFIX = "localhost/uni-agent-tb-"
