@@ -28,7 +28,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
 from ..events import TOPIC
-from .state import SANDBOX_BUCKETS, DashboardState
+from .records import SANDBOX_BUCKETS
+from .state import DashboardState
 
 logger = logging.getLogger("uni_agent.dashboard")
 PAGE = "uni-agent"

@@ -1,7 +1,9 @@
 """Live run state: a pure fold of rollout events (see uni_agent.events) into what the page and the metrics show.
 
 No I/O and no clock: `DashboardState.apply(msg)` folds one event; `snapshot(run_id, now)` and `rollout_detail(...)`
-read. The scheduler plugin owns one and feeds it every event logged under the uni-agent topic.
+read. The records it keeps are in records.py. The scheduler plugin owns one and feeds it every event logged under
+the uni-agent topic. The fold and its reads stay one class in one file (~300 lines): the reads use the fold's own
+bookkeeping (active rollouts, recent windows, sorted starts) and change with it.
 
 Events reach the scheduler by two paths (the driver's client and the worker running the rollout), so they can
 arrive out of order: a rollout's last `running` event may land after the driver's `verifying`. The fold keeps each
@@ -15,133 +17,23 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import STATES, unbatch
 from ..exit_reason import migrate_exit_reason
+from .records import WINDOW_S, Key, Rollout, RunState, Totals, count_since, push_recent
 
 TERMINAL = frozenset({"done", "failed"})
 IN_SANDBOX = frozenset({"starting_sandbox", "running"})  # load on the rollout's agent worker
 RANK = {"queued": 0, "starting_sandbox": 1, "running": 2, "verifying": 3, "done": 4, "failed": 4}
-WINDOW_S = 60.0  # the window of the "recent" rates
-SANDBOX_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 FINAL_FIELDS = ("reward", "resolved", "exit_reason", "num_turns", "prompt_tokens", "completion_tokens",
                 "sandbox_start_s", "llm_s", "tools_s", "verify_s", "total_s", "worker", "error", "error_kind")
 
-Key = tuple[str, int]  # (instance_id, rollout)
-
-
-@dataclass
-class Rollout:
-    run_id: str
-    instance_id: str
-    rollout: int
-    state: str
-    t: float  # timestamp of the last accepted event
-    first_t: float
-    turn: int = 0
-    max_turns: int | None = None
-    worker: str = ""
-    starting_t: float | None = None
-    history: list[tuple[str, float, int | None]] = field(default_factory=list)
-    final: dict[str, Any] | None = None
-    messages: str | None = None  # JSON text, as the event carried it (clipped by the driver)
-    verification: str | None = None
-    trajectory_evicted: bool = False
-
-    @property
-    def key(self) -> Key:
-        return (self.instance_id, self.rollout)
-
-    def row(self) -> dict[str, Any]:
-        """The compact form for tables."""
-        final = self.final or {}
-        return {"instance_id": self.instance_id, "rollout": self.rollout, "state": self.state, "turn": self.turn,
-                "max_turns": self.max_turns, "worker": self.worker, "t": self.t, "first_t": self.first_t,
-                "started_t": self.starting_t,
-                "reward": final.get("reward"), "exit_reason": final.get("exit_reason"),
-                "error_kind": final.get("error_kind"), "num_turns": final.get("num_turns"),
-                "total_s": final.get("total_s")}
-
-
-@dataclass
-class WorkerLoad:
-    in_sandbox: int = 0  # rollouts starting a sandbox or running turns on this worker now
-    finished: int = 0
-    failed: int = 0
-    turns: int = 0
-    reward_sum: float = 0.0
-
-
-class RunState:
-    """Everything known about one run_id."""
-
-    def __init__(self, run_id: str):
-        self.run_id = run_id
-        self.rollouts: dict[Key, Rollout] = {}
-        self.counts: Counter[str] = Counter()
-        self.first_t: float | None = None
-        self.last_t: float | None = None
-        self.last_finish_t: float | None = None
-        self.finish_times: deque[float] = deque()  # within WINDOW_S of the newest event
-        self.turn_times: deque[float] = deque()
-        self.finished = self.resolved = self.turns = 0
-        self.reward_sum = 0.0
-        self.exit_reasons: Counter[str] = Counter()
-        self.error_kinds: Counter[str] = Counter()
-        self.sandbox_start: dict[Key, float] = {}  # time to first turn, replaced by the measured start when done
-        self._sorted_starts: tuple[int, list[float]] = (-1, [])  # (changes, sorted values): sorted once per change
-        self._start_changes = 0
-        self.workers: dict[str, WorkerLoad] = {}
-        self.active: dict[Key, Rollout] = {}  # starting_sandbox, running, verifying
-        self.recent: deque[Key] = deque(maxlen=200)  # finished, newest last
-        self.failures: deque[Key] = deque(maxlen=200)  # finished with an error, newest last
-
-    def worker(self, address: str) -> WorkerLoad:
-        load = self.workers.get(address)
-        if load is None:
-            load = self.workers[address] = WorkerLoad()
-        return load
-
-    @property
-    def unfinished(self) -> int:
-        return len(self.rollouts) - self.finished
-
-    def record_sandbox_start(self, key: Key, seconds: float) -> None:
-        self.sandbox_start[key] = seconds
-        self._start_changes += 1
-
-    def sorted_sandbox_starts(self) -> list[float]:
-        if self._sorted_starts[0] != self._start_changes:
-            self._sorted_starts = (self._start_changes, sorted(self.sandbox_start.values()))
-        return self._sorted_starts[1]
-
-
-@dataclass
-class Totals:
-    """Cumulative over everything this state ever folded (Prometheus counters); never decreases."""
-
-    events: int = 0
-    ignored: int = 0
-    turns: int = 0
-    reward_sum: float = 0.0
-    resolved: int = 0
-    finished: Counter[str] = field(default_factory=Counter)  # by exit_reason
-    errors: Counter[str] = field(default_factory=Counter)  # by error_kind
-    sandbox_buckets: list[int] = field(default_factory=lambda: [0] * len(SANDBOX_BUCKETS))
-    sandbox_count: int = 0
-    sandbox_sum: float = 0.0
-
-    def observe_sandbox_start(self, seconds: float) -> None:
-        self.sandbox_count += 1
-        self.sandbox_sum += seconds
-        for i, bound in enumerate(SANDBOX_BUCKETS):
-            if seconds <= bound:
-                self.sandbox_buckets[i] += 1
-
 
 class DashboardState:
+    """The fold (`apply`) and its reads (`snapshot`, `rollout_detail`, `gauges`, `run_list`); the records it keeps
+    are in records.py."""
+
     def __init__(self, max_runs: int = 50, max_trajectories: int = 1000):
         self.max_runs, self.max_trajectories = max_runs, max_trajectories
         self.runs: dict[str, RunState] = {}
@@ -221,7 +113,7 @@ class DashboardState:
             r.turn = turn or r.turn + 1
             run.turns += 1
             self.totals.turns += 1
-            _push(run.turn_times, t)
+            push_recent(run.turn_times, t)
             if worker:
                 run.worker(worker).turns += 1
         elif state in TERMINAL:
@@ -239,7 +131,7 @@ class DashboardState:
         run.reward_sum += reward
         run.resolved += bool(final.get("resolved"))
         run.last_finish_t = t if run.last_finish_t is None else max(run.last_finish_t, t)
-        _push(run.finish_times, t)
+        push_recent(run.finish_times, t)
         exit_reason = str(final.get("exit_reason") or state)
         run.exit_reasons[exit_reason] += 1
         self.totals.finished[exit_reason] += 1
@@ -292,8 +184,8 @@ class DashboardState:
         until = now if run.unfinished or run.last_t is None else run.last_t  # a finished run's clock stops
         elapsed = max(0.0, until - run.first_t) if run.first_t is not None else 0.0
         window = max(1.0, min(WINDOW_S, elapsed)) if elapsed else None
-        recent_finishes = _count_since(run.finish_times, now - WINDOW_S)
-        recent_turns = _count_since(run.turn_times, now - WINDOW_S)
+        recent_finishes = count_since(run.finish_times, now - WINDOW_S)
+        recent_turns = count_since(run.turn_times, now - WINDOW_S)
         end = run.last_finish_t if not run.unfinished and run.last_finish_t is not None else now
         finished_span = end - run.first_t if run.first_t is not None else 0.0
         per_min_recent = recent_finishes / window * 60 if window else 0.0
@@ -397,21 +289,6 @@ def _parse(msg: Any) -> tuple[str, Key, str, float] | None:
     if not math.isfinite(t):
         return None
     return run_id, (instance_id, rollout), msg["state"], t
-
-
-def _push(times: deque[float], t: float) -> None:
-    times.append(t)
-    while times and times[0] < t - WINDOW_S:
-        times.popleft()
-
-
-def _count_since(times: deque[float], since: float) -> int:
-    count = 0
-    for t in reversed(times):
-        if t < since:
-            break
-        count += 1
-    return count
 
 
 def _int(value: Any) -> int:
