@@ -3,7 +3,9 @@ first prompt, without and with the schema the agent sends (constrain_tool_calls)
 slots' prompt caches. Prints generation tokens/s of both, side by side:
 
     python cluster/grammar_bench.py LLAMA_SERVER MODEL.gguf LABEL [server args...]   # CONCS=1,64 by default
-    python cluster/grammar_bench.py ~/.cache/uni-agent/llama.cpp/0.3.36-cuda/bin/llama-server m.gguf gpu -ngl 999
+    python cluster/grammar_bench.py ~/.cache/uni-agent/llama.cpp/0.3.36-cuda-*/bin/llama-server m.gguf gpu -ngl 999
+
+cluster/build_bench.py uses `serve` and `measure` to compare the decoding speed of two builds of the server.
 """
 import asyncio
 import os
@@ -17,45 +19,64 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from uni_agent.tool_calls import tool_call_json_schema, tool_format_instructions
 from uni_agent.tools.toolbox import tool_schemas
 
-binary, model, label = sys.argv[1], sys.argv[2], sys.argv[3]
-extra = sys.argv[4:]
-schemas = tool_schemas(["str_replace_editor", "execute_bash", "submit"])
-msgs = [{"role": "system", "content": "You are a coding agent.\n\n" + tool_format_instructions(schemas, "hermes")},
-        {"role": "user", "content": "Fix the bug in calc.py: add() returns a-b instead of a+b. The repo is in /testbed."}]
-URL = "http://127.0.0.1:8931/v1/chat/completions"
+SCHEMAS = tool_schemas(["str_replace_editor", "execute_bash", "submit"])
+MESSAGES = [{"role": "system", "content": "You are a coding agent.\n\n" + tool_format_instructions(SCHEMAS, "hermes")},
+            {"role": "user",
+             "content": "Fix the bug in calc.py: add() returns a-b instead of a+b. The repo is in /testbed."}]
+
 
 def body(kind, max_tokens):
-    b = {"model": "m", "messages": msgs, "max_tokens": max_tokens, "temperature": 0.8, "top_p": 0.9}
+    b = {"model": "m", "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.8, "top_p": 0.9}
     if kind == "schema":
-        b["response_format"] = {"type": "json_object", "schema": tool_call_json_schema(schemas)}
+        b["response_format"] = {"type": "json_object", "schema": tool_call_json_schema(SCHEMAS)}
     return b
 
-async def main():
+
+def serve(binary, model, log_path, *, port=8931, slots=64, extra=(), cores=None):
+    """A llama-server on 127.0.0.1:port (pinned to `cores` when given); the caller terminates it."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    return subprocess.Popen([binary, "--model", model, "--alias", "m", "--host", "127.0.0.1", "--port", str(port),
+                             "--parallel", str(slots), "--ctx-size", str(slots * 4096), "--cont-batching", "--jinja",
+                             "--no-webui", *extra], stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=pin)
+
+
+async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), max_tokens=128):
+    """Waits for the server, then per concurrency: a warm-up, and each kind's generation. Returns one dict a row."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    rows = []
     async with httpx.AsyncClient(timeout=600) as http:
-        for i in range(240):
+        for _ in range(240):
             try:
-                if (await http.get("http://127.0.0.1:8931/health")).status_code == 200: break
-            except httpx.HTTPError: pass
+                if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
             await asyncio.sleep(0.5)
-        for conc in [int(c) for c in os.environ.get("CONCS", "1,64").split(",")]:
+        for conc in concs:
             t0 = time.monotonic()
-            await asyncio.gather(*(http.post(URL, json=body("none", 1)) for _ in range(conc)))
+            await asyncio.gather(*(http.post(url, json=body("none", 1)) for _ in range(conc)))
             print(f"{label} conc={conc} warm-up (prompts) {time.monotonic() - t0:.1f}s", flush=True)
-            for kind in ("none", "schema"):
+            for kind in kinds:
                 t0 = time.monotonic()
-                rs = await asyncio.gather(*(http.post(URL, json=body(kind, 128)) for _ in range(conc)))
+                rs = await asyncio.gather(*(http.post(url, json=body(kind, max_tokens)) for _ in range(conc)))
                 wall = time.monotonic() - t0
                 t = [r.json()["timings"] for r in rs]
                 n = sum(x["predicted_n"] for x in t)
                 per = sorted(x["predicted_per_second"] for x in t)
+                rows.append({"label": label, "conc": conc, "kind": kind, "tokens": n, "wall_s": wall,
+                             "tokens_per_s": n / wall, "per_request_median": per[len(per) // 2]})
                 print(f"{label} conc={conc} {kind:6s}: {n} tokens in {wall:.2f}s = {n / wall:.0f} tok/s; per request "
                       f"{per[0]:.0f}-{per[-1]:.0f} tok/s (median {per[len(per) // 2]:.0f})", flush=True)
+    return rows
 
-env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-proc = subprocess.Popen([binary, "--model", model, "--alias", "m", "--host", "127.0.0.1", "--port", "8931",
-                         "--parallel", "64", "--ctx-size", str(64 * 4096), "--cont-batching", "--jinja",
-                         "--no-webui", *extra], stdout=open(f"/tmp/gram-{label}.log", "wb"), stderr=subprocess.STDOUT, env=env)
-try:
-    asyncio.run(main())
-finally:
-    proc.terminate(); proc.wait()
+
+if __name__ == "__main__":
+    binary, model, label = sys.argv[1], sys.argv[2], sys.argv[3]
+    proc = serve(binary, model, f"/tmp/gram-{label}.log", extra=sys.argv[4:])
+    try:
+        asyncio.run(measure(label, concs=[int(c) for c in os.environ.get("CONCS", "1,64").split(",")]))
+    finally:
+        proc.terminate()
+        proc.wait()

@@ -19,11 +19,15 @@ from conftest import AGENT_CONFIG
 from uni_agent.engines import ENGINES
 from uni_agent.engines.llama_build import (
     COMMON_FLAGS,
+    QUICK_FLAGS,
     LlamaBuildError,
     SOURCE_VERSION,
+    binary_path,
     build,
+    configure,
     configure_flags,
     find_binary,
+    recipe_key,
 )
 from uni_agent.engines.llama_cpp import (
     LlamaServer,
@@ -45,12 +49,56 @@ def test_cpu_build_is_portable_and_cuda_needs_a_gpu():
     cpu = configure_flags("cpu")
     assert "-DGGML_NATIVE=OFF" in cpu and "-DGGML_AVX2=ON" in cpu and "-DGGML_AVX512=OFF" in cpu
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in cpu  # nothing is fetched during the build
-    assert configure_flags("cuda", "90") == COMMON_FLAGS + ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
-                                                            "-DGGML_NATIVE=OFF"]
+    assert configure_flags("cuda", "90", "plain") == COMMON_FLAGS + ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
+                                                                     "-DGGML_NATIVE=OFF"]
+    assert configure_flags("cuda", "90") == configure_flags("cuda", "90", "plain") + QUICK_FLAGS
     with pytest.raises(LlamaBuildError, match="nvidia-smi found no GPU"):
         configure_flags("cuda", "")
     with pytest.raises(LlamaBuildError, match="unknown llama-server variant 'rocm'"):
         configure_flags("rocm")
+    with pytest.raises(LlamaBuildError, match="unknown llama-server build recipe 'fast'"):
+        configure_flags("cpu", recipe="fast")
+
+
+def test_each_recipe_and_each_change_of_its_flags_has_its_own_cache(monkeypatch):
+    keys = {recipe_key(v, r) for v in ("cpu", "cuda") for r in ("quick", "plain")}
+    assert len(keys) == 4 and all(k.startswith(f"{SOURCE_VERSION}-") for k in keys)
+    assert binary_path("cpu").parent.parent.name == recipe_key("cpu", "quick")  # quick is the default
+    before = recipe_key("cpu")
+    monkeypatch.setattr("uni_agent.engines.llama_build.QUICK_CMAKE", "include_guard(GLOBAL)\n")
+    assert recipe_key("cpu") != before and recipe_key("cpu", "plain") == recipe_key("cpu", "plain")
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake: run examples/setup.sh")
+def test_the_quick_recipe_keeps_the_hot_code_at_O3_and_batches_the_rest_at_O1(tmp_path):
+    """Configured on a small project laid out like llama.cpp (the same target and file names): the flags each file
+    gets, as CMake's compile_commands.json records them (the last -O on a gcc command line counts)."""
+    source = tmp_path / "src"
+    files = {
+        "CMakeLists.txt": "cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp C CXX)\n"
+                          "add_library(ggml-cpu STATIC ops.cpp)\nadd_subdirectory(src)\nadd_subdirectory(common)\n"
+                          "add_subdirectory(tools/mtmd)\n",
+        "src/CMakeLists.txt": "add_library(llama STATIC llama-grammar.cpp llama-model.cpp)\n",
+        "common/CMakeLists.txt": "add_library(llama-common STATIC chat.cpp arg.cpp json.cpp sampling.cpp)\n",
+        "tools/mtmd/CMakeLists.txt": "add_library(mtmd STATIC mtmd.cpp clip.cpp mtmd-helper.cpp)\n",
+    }
+    for name in ["ops.cpp", "src/llama-grammar.cpp", "src/llama-model.cpp", "common/chat.cpp", "common/arg.cpp",
+                 "common/json.cpp", "common/sampling.cpp", "tools/mtmd/mtmd.cpp", "tools/mtmd/clip.cpp",
+                 "tools/mtmd/mtmd-helper.cpp"]:
+        files[name] = "int f_%d() { return 0; }\n" % len(files)
+    for name, text in files.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    flags = [f for f in configure_flags("cpu") if "BUILD_TYPE" in f or "FLAGS_RELEASE" in f]
+    configure(source, tmp_path / "build", flags, "quick", tmp_path)
+    commands = json.loads((tmp_path / "build" / "compile_commands.json").read_text())
+    last_opt = {Path(c["file"]).name: [w for w in c["command"].split() if w.startswith("-O")][-1] for c in commands}
+    assert last_opt["ops.cpp"] == last_opt["llama-grammar.cpp"] == last_opt["sampling.cpp"] == "-O3"
+    assert last_opt["llama-model.cpp"] == "-O1"
+    units = [c["command"] for c in commands if "/Unity/unity_" in c["file"]]
+    assert len(units) == 2 and all(c.split().count("-O1") == 1 and "-O3" not in c for c in units)  # chat+arg, mtmd+clip
+    assert not {"chat.cpp", "arg.cpp", "mtmd.cpp", "clip.cpp"} & set(last_opt)
+    assert last_opt["json.cpp"] == last_opt["mtmd-helper.cpp"] == "-O1"  # files that cannot share a unit: alone
 
 
 def _sdist(path: Path, files: dict[str, str]) -> Path:
@@ -71,7 +119,7 @@ def test_a_failed_build_names_the_step_and_its_log(tmp_path, monkeypatch):
     with pytest.raises(LlamaBuildError) as info:
         build("cpu", sdist=broken, quiet=True)
     message = str(info.value)
-    log = tmp_path / "cache" / f"{SOURCE_VERSION}-cpu" / "logs" / "configure.log"
+    log = binary_path("cpu").parent.parent / "logs" / "configure.log"
     assert "failed at step 'configure'" in message and str(log) in message and "no such backend" in message
     assert "no such backend" in log.read_text()
     assert find_binary("cpu") is None  # nothing half-built is left where the engine looks
@@ -117,7 +165,7 @@ def test_bad_model_files_are_clear_errors(tmp_path):
 def test_every_engine_is_one_entry_of_the_seam():
     from uni_agent.settings import RunSettings
 
-    assert [RunSettings(engine=name).engine for name in ENGINES] == ENGINES.names()  # settings ask the registry
+    assert set(ENGINES) == set(RunSettings.model_fields["engine"].annotation.__args__)
 
 
 # ---- the real server -----------------------------------------------------------------------------------------------
@@ -195,10 +243,9 @@ def test_gpu_engine_without_gpus_is_refused(tmp_path, monkeypatch):
     from uni_agent import run
     from uni_agent.placement import LEASES_PLUGIN
 
-    cache = tmp_path / "llama"
-    (cache / f"{SOURCE_VERSION}-cuda" / "bin").mkdir(parents=True)
-    shutil.copy2(CPU_SERVER, cache / f"{SOURCE_VERSION}-cuda" / "bin" / "llama-server")
-    monkeypatch.setenv("UNI_AGENT_LLAMA_DIR", str(cache))
+    monkeypatch.setenv("UNI_AGENT_LLAMA_DIR", str(tmp_path / "llama"))
+    binary_path("cuda").parent.mkdir(parents=True)
+    shutil.copy2(CPU_SERVER, binary_path("cuda"))
     common = dict(engine="llama_cpp", engine_device="gpu", n_gpus_per_node=1, max_samples=1, progress=False,
                   output_dir=str(tmp_path / "out"), engine_start_timeout=60)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
