@@ -361,7 +361,8 @@ def test_a_timeout_is_reported_as_such(tiny_task):
 # ------------------------------------------------------------------------- gold/empty at scale, with resume
 
 def _rows(task, count):
-    from uni_agent.swebench.preprocess import instance_to_row, normalize_instance
+    from uni_agent.swebench.instances import normalize_instance
+    from uni_agent.swebench.preprocess import instance_to_row
 
     rows = []
     for k in range(count):

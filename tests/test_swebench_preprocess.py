@@ -15,7 +15,8 @@ import pytest
 from conftest import AGENT_CONFIG, REPO_ROOT
 from uni_agent import AgentConfigs
 from uni_agent.dataset import build_specs, read_rows
-from uni_agent.swebench.preprocess import METADATA_FIELDS, build_rows, preprocess
+from uni_agent.swebench.instances import METADATA_FIELDS
+from uni_agent.swebench.preprocess import build_rows, preprocess
 
 FIXTURES = Path(__file__).parent / "fixtures" / "swebench"
 SCRIPT = REPO_ROOT / "examples" / "data_preprocess" / "swe_bench_verified.py"

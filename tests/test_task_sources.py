@@ -25,7 +25,8 @@ import pytest
 from uni_agent.config import AgentConfigs, ConfigError
 from uni_agent.dataset import build_specs, read_rows
 from uni_agent.swebench import smith
-from uni_agent.swebench.preprocess import build_rows, load_specs, preprocess, read_instances
+from uni_agent.swebench.instances import load_specs, read_instances
+from uni_agent.swebench.preprocess import build_rows, preprocess
 from uni_agent.tasks.swe_form import convert, load_instance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

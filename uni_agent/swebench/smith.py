@@ -1,5 +1,6 @@
 """SWE-smith tasks (SWE-bench/SWE-smith): a bug injected into a repository's source, one image per repository, no
-test patch (the FAIL_TO_PASS tests already live in the repository). Rows in, rows out, and the grader `swe_smith`.
+test patch (the FAIL_TO_PASS tests already live in the repository). Its harness's steps and the grader `swe_smith`;
+the rows are made in smith_rows.py.
 
 What SWE-smith's own harness does (the `swesmith` package, 0.0.9: harness/{eval,utils,grading}.py, profiles/), and
 we match:
@@ -30,26 +31,20 @@ Repositories whose profile overrides the test command or parser (a few do, e.g. 
 from __future__ import annotations
 
 import base64
-import json
 import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
-from ..tasks.rows import seed_row
-from .spec import DEPLOYMENTS, GIT_APPLY_CMDS, WORKDIR, test_list
+from .spec import GIT_APPLY_CMDS, WORKDIR, test_list
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..sandbox import Sandbox
     from ..grading.verification import Verification
 
-HUB_NAME = "SWE-bench/SWE-smith"
-HUB_SPLIT = "train"
-DATA_SOURCE = "swe_smith"
 REWARD_NAME = "swe_smith"
 DEFAULT_TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
                     "pytest --disable-warnings --color=no --tb=no --verbose")
@@ -63,24 +58,7 @@ LOG_PARSERS = {
     # `PASSED tests/test_x.py::test_a` (pytest -rA summary): profiles that run with -rA
     "pytest_summary": re.compile(rf"^(?P<status>{'|'.join(STATUSES)})\s(?P<test>\S+)"),
 }
-REQUIRED_FIELDS = ("instance_id", "repo", "patch", "FAIL_TO_PASS", "PASS_TO_PASS", "image_name", "problem_statement")
-OPTIONAL_FIELDS = ("base_commit", "created_at", "test_cmd", "log_parser")
 LOG_TAIL_CHARS = 8000
-
-USER_PROMPT = """The Python repository {repo} is checked out at {workdir}, with its dependencies installed.
-A user reported this issue:
-
-<issue>
-{problem_statement}
-</issue>
-
-Fix the issue by changing the non-test source files under {workdir}. The repository's own tests check the
-behaviour; do not modify them. A good way to work:
-1. Find the code involved (`execute_bash` with grep, find, ls; `str_replace_editor` with `view`).
-2. Reproduce the problem with a short script in /tmp run with `execute_bash`, or run the closest existing tests.
-3. Make the smallest correct change with `str_replace_editor`.
-4. Run your script and the tests again to confirm the fix and that nothing else broke.
-When you are done, call `submit`. Your changes to {workdir} are your answer."""
 
 
 def reverse_patch(diff: str) -> str:
@@ -276,61 +254,3 @@ async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outc
                       "resolved": grade.resolved, "tests_status": grade.tests_status}
     if not grade.tests_found:
         outcome.error = "the log has no test output between the harness's markers (graded as unresolved)"
-
-
-# ---- preprocessing: SWE-smith rows → rows in the seed schema ----
-
-def normalize_instance(raw: Any) -> dict[str, str]:
-    """The fields of one SWE-smith row, checked, as strings (test lists as JSON strings); ConfigError names the
-    field that is wrong."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"expected a mapping of fields, got {type(raw).__name__}")
-    missing = [f for f in REQUIRED_FIELDS if raw.get(f) is None]
-    if missing:
-        raise ConfigError(f"missing fields {missing}")
-    out: dict[str, str] = {}
-    for name in ("instance_id", "repo", "patch", "image_name", "problem_statement"):
-        if not isinstance(raw[name], str) or not raw[name].strip():
-            raise ConfigError(f"{name} must be a non-empty string")
-        out[name] = raw[name]
-    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-        out[name] = json.dumps(test_list(raw[name], name))
-    for name in OPTIONAL_FIELDS:
-        value = raw.get(name)
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(f"{name} must be a string, got {type(value).__name__}")
-        out[name] = value or ""
-    out["bug_patch"] = out.pop("patch")
-    out["patch"] = reverse_patch(out["bug_patch"])  # the gold answer
-    check_metadata(out)
-    return out
-
-
-def image_for(instance: Mapping[str, str], deployment: str, registry: str | None = None) -> str | None:
-    if deployment not in DEPLOYMENTS:
-        raise ConfigError(f"unknown deployment {deployment!r}; choose one of {', '.join(DEPLOYMENTS)}")
-    if deployment == "local":
-        return None
-    if deployment == "vefaas":
-        raise ConfigError(f"image_name {instance['image_name']!r} cannot be used for deployment vefaas: there is no "
-                          "known vefaas mirror of SWE-smith's images (use modal, docker or podman)")
-    image = instance["image_name"]
-    return f"{registry.rstrip('/')}/{image}" if registry else image
-
-
-def instance_to_row(instance: dict[str, str], deployment: str, system_prompt: str, agent_name: str = "swe_agent",
-                    local_repos: str | Path | None = None, image_registry: str | None = None) -> dict[str, Any]:
-    """`system_prompt`: the SWE system prompt, from preprocess.py (which imports this module, not the other way)."""
-    image = image_for(instance, deployment, image_registry)
-    target: dict[str, Any] = {"type": deployment}
-    if image is not None:
-        target["image"] = image
-    else:  # local: the clean repository of this task's repo/commit, one checkout per SWE-smith repository
-        target["workdir"] = WORKDIR
-        if local_repos is not None:
-            target["repo"] = str(Path(local_repos).expanduser().resolve() / repo_name(instance))
-    user = USER_PROMPT.format(repo=repo_name(instance), workdir=WORKDIR,
-                              problem_statement=instance["problem_statement"].strip())
-    return seed_row(instance["instance_id"], DATA_SOURCE, agent_name, system_prompt, user,
-                    env={"deployment": target, "post_setup_cmd": agent_setup_command(instance)},
-                    reward={"name": REWARD_NAME, "metadata": instance})
