@@ -367,7 +367,8 @@ def _rows(task, count):
     rows = []
     for k in range(count):
         meta = dict(task["metadata"], instance_id=f"pallets__flask-9000{k}", problem_statement="add() subtracts")
-        row = instance_to_row(normalize_instance(meta), "local")
+        # a row on the host's filesystem (--local-repos), the repository being the tiny task's
+        row = instance_to_row(normalize_instance(meta), "local", local_repos=task["repo"])
         row["extra_info"]["tools_kwargs"]["env"]["deployment"]["repo"] = str(task["repo"])
         row["extra_info"]["tools_kwargs"]["env"]["env_variables"] = {"PIP_NO_INDEX": "1"}
         row["extra_info"]["tools_kwargs"]["reward"]["eval_timeout"] = 120
