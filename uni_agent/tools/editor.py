@@ -5,7 +5,8 @@ it), so it behaves the same on every backend. Every path is checked twice: lexic
 the workspace) and after `realpath` inside the sandbox (no symbolic link out of it). Edits work on bytes: the region
 that changes is spliced into the original bytes, so everything outside it (line endings, tabs, a missing trailing
 newline) is kept exactly. Undo history lives in memory, one stack per resolved path. The schema the model sees is in
-editor_schema.py, the pure path/text/argument helpers in editor_text.py.
+editor_schema.py, the pure path/text/argument helpers in editor_text.py, how results are shown (`cat -n` lines
+clipped at a limit, the snippet after an edit) in editor_view.py.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from ..sandbox.base import ExecResult, Sandbox, write_file
 from .editor_schema import COMMANDS, SCHEMA
 from .editor_text import (EditorError, encode, find_all, inside, int_arg, line_end_offset, normalise, parse_view_range,
                           split_lines, string_arg)
-
-SNIPPET_CONTEXT_LINES = 4  # lines shown above and below an edit
+from .editor_view import edit_report, render_lines
 
 Kind = Literal["file", "dir", "other", "missing"]
 
@@ -88,7 +88,7 @@ class StrReplaceEditor:
             start, end = 1, total
         else:
             start, end = parse_view_range(view_range, total, target.shown)
-        body = self._render(lines, start, end, total)
+        body = render_lines(lines, start, end, total, self.max_view_chars)
         return f"{note}Lines {start}-{end} of {total} in {target.shown}:\n{body}"
 
     async def _view_dir(self, target: _Target) -> str:
@@ -157,7 +157,7 @@ class StrReplaceEditor:
         self._history.setdefault(target.real, []).append(data)
         first = text.count("\n", 0, pos) + 1
         last = first + new_str.count("\n")
-        return self._edit_report(target, new_data, first, last)
+        return edit_report(target.shown, new_data, first, last, self.max_view_chars)
 
     async def _insert(self, target: _Target, arguments: dict) -> str:
         insert_line = int_arg(arguments, "insert_line", "insert")
@@ -180,7 +180,7 @@ class StrReplaceEditor:
         await self._write(target, new_data)
         self._history.setdefault(target.real, []).append(data)
         inserted = len(split_lines(new_str))
-        return self._edit_report(target, new_data, insert_line + 1, insert_line + inserted)
+        return edit_report(target.shown, new_data, insert_line + 1, insert_line + inserted, self.max_view_chars)
 
     async def _undo_edit(self, target: _Target, arguments: dict) -> str:
         stack = self._history.get(target.real)
@@ -203,7 +203,7 @@ class StrReplaceEditor:
         lines = split_lines(text)
         if not lines:
             return f"Undid the last edit of {target.shown}; it is empty again."
-        body = self._render(lines, 1, len(lines), len(lines))
+        body = render_lines(lines, 1, len(lines), len(lines), self.max_view_chars)
         return f"Undid the last edit of {target.shown}. Its content is now:\n{body}"
 
     # -- paths -----------------------------------------------------------------------------------------------
@@ -272,44 +272,6 @@ class StrReplaceEditor:
             await write_file(self.sandbox, target.real, data, self.timeout)
         except OSError as exc:
             raise EditorError(f"could not write {target.shown}: {exc}") from None
-
-    # -- output ----------------------------------------------------------------------------------------------
-    def _render(self, lines: list[str], start: int, end: int, total: int) -> str:
-        """Lines start..end (1-based) as `cat -n`, clipped at max_view_chars with a note on how to see the rest."""
-        out: list[str] = []
-        used = 0
-        for number in range(start, end + 1):
-            row = f"{number:6}\t{lines[number - 1]}"
-            if used + len(row) + 1 > self.max_view_chars:
-                shown_to = number - 1
-                if not out:  # one huge line: show its head rather than nothing
-                    out.append(row[: self.max_view_chars] + " ...")
-                    shown_to = number
-                note = (f"<output clipped at {self.max_view_chars} characters: "
-                        f"showed lines {start}-{shown_to} of {total}")
-                if shown_to < end:
-                    note += f"; use view_range to see the rest, e.g. view_range=[{shown_to + 1}, {end}]>"
-                else:
-                    note += f"; line {shown_to} itself is too long, read it with a shell command (e.g. cut -c)>"
-                out.append(note)
-                break
-            out.append(row)
-            used += len(row) + 1
-        return "\n".join(out)
-
-    def _edit_report(self, target: _Target, new_data: bytes, first: int, last: int) -> str:
-        lines = split_lines(new_data.decode("utf-8", errors="replace"))
-        total = len(lines)
-        if total == 0:
-            return f"Edited {target.shown}; the file is now empty. Review the change; undo_edit reverts it."
-        last = min(max(last, first), total)
-        first = min(first, total)
-        start = max(1, first - SNIPPET_CONTEXT_LINES)
-        end = min(total, last + SNIPPET_CONTEXT_LINES)
-        snippet = self._render(lines, start, end, total)
-        return (f"Edited {target.shown}. Lines {start}-{end} after the edit:\n{snippet}\n"
-                "Review the change and check it is what you intended (indentation included); "
-                "edit again or use undo_edit to revert it.")
 
 
 def _stderr(result: ExecResult) -> str:
