@@ -26,7 +26,8 @@ from uni_agent.agent_loop import start_sandbox
 from uni_agent.config import AgentConfigs, ContainerDeploymentConfig
 from uni_agent.sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
 from uni_agent.sandbox import session as session_module
-from uni_agent.sandbox.container import LABEL, OWNER_LABEL, ContainerSandbox, list_containers, owner_id, reap
+from uni_agent.sandbox.container import ContainerSandbox
+from uni_agent.sandbox.container_reap import LABEL, OWNER_LABEL, list_containers, owner_id, reap
 from uni_agent.sandbox.limiter import start_limits
 from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance

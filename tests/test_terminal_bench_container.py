@@ -18,7 +18,7 @@ from conftest import REPO_ROOT, assistant_turns
 from uni_agent import run
 from uni_agent.config import AgentConfigs
 from uni_agent.dataset import read_rows
-from uni_agent.sandbox.container import owner_id
+from uni_agent.sandbox.container_reap import owner_id
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
 from uni_agent.verify_run import verify_all
 

@@ -3,9 +3,10 @@
 start: `run -i --rm` the image with the sandbox supervisor (supervisor.py) as its main process, attached: the `run`
 client's stdin/stdout are the session (session.py), so every command is a message, not a `podman exec` (191 ms
 each). No network by default, cpu/memory/pids limits and explicit ulimits, a unique name and labels
-(`uni-agent.sandbox=1`, `uni-agent.created=<epoch>`, `uni-agent.owner=<host>:<pid>`) that `reap()` finds leftovers
-by. The supervisor ends the container by itself when the deployment's lifetime is up, so even a container whose
-owner crashed goes. Then the task repository is copied in when the config names one, and a probe command runs.
+(`uni-agent.sandbox=1`, `uni-agent.created=<epoch>`, `uni-agent.owner=<host>:<pid>`) that `reap()`
+(container_reap.py) finds leftovers by. The supervisor ends the container by itself when the deployment's lifetime
+is up, so even a container whose owner crashed goes. Then the task repository is copied in when the config names
+one, and a probe command runs.
 close: the supervisor's stdin is closed (it ends every process) and the container is removed (`rm -f`), on every
 path. Every CLI call is an asyncio subprocess: nothing blocks the event loop. The image needs python3 (>= 3.6) and
 bash: the supervisor is a python3 program and commands run in bash.
@@ -20,33 +21,25 @@ import os
 import re
 import shutil
 import signal
-import socket
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 import structlog
 
 from ..config import ContainerDeploymentConfig
 from .backend import SessionSandbox, Transport, process_transport
 from .base import SandboxError, SandboxStartError
+from .container_reap import CREATED_LABEL, LABEL, OWNER_LABEL, cli_text, owner_id, remove_containers
 from .limiter import start_limits
 from .repo import prepare_base_repo, resolve_repo
 from .session import supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 
-LABEL = "uni-agent.sandbox"
-CREATED_LABEL = "uni-agent.created"
-OWNER_LABEL = "uni-agent.owner"  # <hostname>:<pid> of the process that started it
 CLI_TIMEOUT_S = 120.0  # one CLI call other than run/pull (inspect, rm, cp of a small repo)
 RUN_CLIENT_EXIT_S = 30.0  # how long close() lets the `run` client finish before removing the container anyway
-
-
-def owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def lifetime_s(deployment_timeout: float) -> int:
@@ -105,7 +98,7 @@ class ContainerSandbox(SessionSandbox):
         base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
         rc, _, err = await self._cli_call(["cp", f"{base}/.", f"{self.name}:{self.workdir}"], timeout=None)
         if rc != 0:
-            raise SandboxStartError(f"could not copy the repository into {self.name}: {_text(err)}")
+            raise SandboxStartError(f"could not copy the repository into {self.name}: {cli_text(err)}")
 
     def _run_argv(self) -> list[str]:
         c = self.config
@@ -192,81 +185,6 @@ class ContainerSandbox(SessionSandbox):
         return proc.returncode, out, err
 
 
-async def remove_containers(cli: str, names: Sequence[str], global_args: Sequence[str] = (),
-                            env: dict[str, str] | None = None, attempts: int = 3) -> bool:
-    """`rm -f` the containers (podman: without the 10 s stop grace). Not killed when the caller is cancelled: once
-    started, the removal runs to its end. True when none of them is left."""
-    if not names:
-        return True
-    force = ["rm", "-f", "-t", "0"] if Path(cli).name == "podman" else ["rm", "-f"]
-    for attempt in range(attempts):
-        proc = await asyncio.create_subprocess_exec(
-            cli, *global_args, *force, *names, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
-        )
-        _, err = await asyncio.shield(proc.communicate())
-        gone = proc.returncode == 0 or all(_no_such_container(err, n) for n in names)
-        if gone:
-            return True
-        log.warning("container_rm_failed", names=list(names), attempt=attempt + 1, error=_text(err))
-    return False
-
-
-def _no_such_container(err: bytes, name: str) -> bool:
-    text = err.decode("utf-8", "replace").lower()
-    return name.lower() in text and ("no such container" in text or "no container with name" in text)
-
-
-async def list_containers(cli: str = "podman", older_than_s: float = 0.0, skip_live_owners: bool = False
-                          ) -> list[str]:
-    """Names of the containers labelled as uni-agent sandboxes created more than `older_than_s` seconds ago;
-    with `skip_live_owners`, not those whose owner is a process still running on this host."""
-    proc = await asyncio.create_subprocess_exec(
-        cli, "ps", "-a", "--filter", f"label={LABEL}=1", "--format", "{{.Names}}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise SandboxError(f"{cli} ps failed: {_text(err)}")
-    names = out.decode().split()
-    if not names:
-        return names
-    fmt = f'{{{{.Name}}}} {{{{index .Config.Labels "{CREATED_LABEL}"}}}} {{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
-    proc = await asyncio.create_subprocess_exec(cli, "inspect", "--format", fmt, *names,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()  # a container that vanished meanwhile is simply missing from the output
-    cutoff = time.time() - older_than_s
-    host = socket.gethostname()
-    found = []
-    for line in out.decode().splitlines():
-        name, created, owner = (line.strip().split(" ") + ["", ""])[:3]
-        if not name or not created.isdigit() or int(created) > cutoff:
-            continue
-        owner_host, _, owner_pid = owner.rpartition(":")
-        if skip_live_owners and owner_host == host and owner_pid.isdigit() and _alive(int(owner_pid)):
-            continue
-        found.append(name.lstrip("/"))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def reap(cli: str = "podman", older_than_s: float = 3600.0, skip_live_owners: bool = True) -> list[str]:
-    """Remove leftover uni-agent containers older than `older_than_s` (e.g. from a process that was killed); by
-    default not those whose owner process is still running on this host."""
-    names = await list_containers(cli, older_than_s, skip_live_owners)
-    if names and not await remove_containers(cli, names):
-        raise SandboxError(f"could not remove all of {names}")
-    return names
-
-
 def _proxy_env(proxy: str | None) -> dict[str, str] | None:
     if not proxy:
         return None  # inherit
@@ -279,25 +197,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace").strip()[-2000:]
+if __name__ == "__main__":  # `python -m uni_agent.sandbox.container reap ...` (README): the command lives with `reap`
+    from .container_reap import main
 
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m uni_agent.sandbox.container reap [--cli podman] [--older-than SECONDS]`"""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m uni_agent.sandbox.container")
-    sub = parser.add_subparsers(dest="command", required=True)
-    reap_cmd = sub.add_parser("reap", help="remove leftover uni-agent sandbox containers")
-    reap_cmd.add_argument("--cli", default="podman", help="docker or podman (or a path to either)")
-    reap_cmd.add_argument("--older-than", type=float, default=3600.0, help="seconds since creation (default 3600)")
-    reap_cmd.add_argument("--include-live-owners", action="store_true",
-                          help="also remove containers whose owner process on this host is still running")
-    args = parser.parse_args(argv)
-    removed = asyncio.run(reap(args.cli, args.older_than, skip_live_owners=not args.include_live_owners))
-    print(f"removed {len(removed)} container(s)" + (f": {' '.join(removed)}" if removed else ""))
-
-
-if __name__ == "__main__":
     main()
