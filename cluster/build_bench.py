@@ -5,11 +5,13 @@ quickstart's machine) with as many compile jobs as it has cores. Prints the wall
 
     python cluster/build_bench.py [--sdist FILE] [--cores 0,1:2,3] [--recipes plain,quick] [--out DIR]
                                   [--model FILE.gguf]
+    python cluster/build_bench.py --model FILE.gguf --binaries plain=PATH,quick=PATH [--cores 0,1:0,1]
 
 The two builds run in separate temporary caches (UNI_AGENT_LLAMA_DIR under --out), never in the user's cache. With
 --model, it then serves the model with each binary in turn (pinned to the same cores, 8 slots, --threads = cores)
-and measures decoding tokens/s without and with the JSON tool-call schema (cluster/grammar_bench.py), twice in
-alternation, so that a quicker build is seen not to cost decoding speed. Writes build_bench.json to --out.
+and measures decoding tokens/s without and with the JSON tool-call schema (cluster/grammar_bench.py), 3 times in
+alternation, so that a quicker build is seen not to cost decoding speed; --binaries compares builds made earlier
+without building. Writes build_bench.json to --out.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def build_side_by_side(sdist: Path, recipes: list[str], cores: list[list[int]], 
     return sorted(results, key=lambda r: recipes.index(r["recipe"]))
 
 
-def decode_speed(results: list[dict], model: str, out: Path, rounds: int = 2) -> list[dict]:
+def decode_speed(results: list[dict], model: str, out: Path, rounds: int = 3) -> list[dict]:
     """Each build serves the model in turn (alternating, `rounds` times) on its own cores; tokens/s rows."""
     sys.path.insert(0, str(REPO / "cluster"))
     from grammar_bench import measure, serve
@@ -102,11 +104,23 @@ def decode_speed(results: list[dict], model: str, out: Path, rounds: int = 2) ->
             proc = serve(r["binary"], model, out / f"serve-{label}.log", slots=8, cores=r["cores"],
                          extra=["--threads", str(len(r["cores"]))])
             try:
-                rows += asyncio.run(measure(label, concs=(8,)))
+                rows += asyncio.run(measure(label, concs=(8,), pid=proc.pid))
             finally:
                 proc.terminate()
                 proc.wait()
     return rows
+
+
+def print_decode(rows: list[dict]) -> None:
+    """Tokens per second and per server CPU second of each build and kind, every round, and the mean of the rounds."""
+    for key, what in (("tokens_per_s", "tokens/s"), ("tokens_per_cpu_s", "tokens per server CPU second")):
+        print(f"\ndecoding, 8 concurrent requests of up to 128 tokens ({what}, each round, then the mean):")
+        table: dict[tuple[str, str], list[float]] = {}
+        for row in rows:
+            table.setdefault((row["label"].split("#")[0], row["kind"]), []).append(row[key] or 0.0)
+        for (build, kind), rates in table.items():
+            mean = sum(rates) / len(rates)
+            print(f"{build:8s} {kind:7s} " + " ".join(f"{r:6.1f}" for r in rates) + f"   mean {mean:6.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", type=Path, default=None, help="for the builds, logs, JSON (default: a temp dir)")
     parser.add_argument("--model", default=None, help="a GGUF: also compare the builds' decoding tokens/s")
+    parser.add_argument("--binaries", default=None, help="LABEL=PATH,...: only compare these builds' decoding")
     args = parser.parse_args(argv)
-    recipes = args.recipes.split(",")
+    given = dict(pair.split("=", 1) for pair in args.binaries.split(",")) if args.binaries else {}
+    recipes = list(given) or args.recipes.split(",")
     usable = sorted(os.sched_getaffinity(0))
     if args.cores:
         cores = [[int(c) for c in group.split(",")] for group in args.cores.split(":")]
@@ -129,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{len(recipes)} recipes need {len(recipes)} core groups ({len(usable)} usable cores here)")
     out = args.out or Path(tempfile.mkdtemp(prefix="build-bench-"))
     out.mkdir(parents=True, exist_ok=True)
+    if given:
+        if not args.model:
+            parser.error("--binaries needs --model")
+        builds = [{"recipe": label, "binary": path, "cores": cpus} for (label, path), cpus in zip(given.items(), cores)]
+        report = {"decode": decode_speed(builds, args.model, out), "load_before": round(os.getloadavg()[0], 2)}
+        print_decode(report["decode"])
+        (out / "build_bench.json").write_text(json.dumps(report, indent=2))
+        return 0
     sdist = args.sdist or download_sdist(out)
     load = os.getloadavg()[0]
     results = build_side_by_side(sdist.resolve(), recipes, cores, out.resolve(), args.variant)
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{base['cpu_s'] / r['cpu_s']:.2f}x less CPU")
     if args.model and ok:
         report["decode"] = decode_speed(ok, args.model, out)
+        print_decode(report["decode"])
     (out / "build_bench.json").write_text(json.dumps(report, indent=2))
     print(f"build_bench: {out / 'build_bench.json'}")
     return 0 if len(ok) == len(results) else 1

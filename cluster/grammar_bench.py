@@ -42,8 +42,19 @@ def serve(binary, model, log_path, *, port=8931, slots=64, extra=(), cores=None)
                             preexec_fn=pin)
 
 
-async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), max_tokens=128):
-    """Waits for the server, then per concurrency: a warm-up, and each kind's generation. Returns one dict a row."""
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (0 where /proc cannot tell)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), max_tokens=128, pid=None):
+    """Waits for the server, then per concurrency: a warm-up, and each kind's generation. Returns one dict a row.
+    With the server's pid, each row also has the server's CPU seconds: on shared cores, tokens per CPU second
+    varies far less than tokens per second of wall time."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     rows = []
     async with httpx.AsyncClient(timeout=600) as http:
@@ -55,20 +66,27 @@ async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), 
                 pass
             await asyncio.sleep(0.5)
         for conc in concs:
-            t0 = time.monotonic()
-            await asyncio.gather(*(http.post(url, json=body("none", 1)) for _ in range(conc)))
-            print(f"{label} conc={conc} warm-up (prompts) {time.monotonic() - t0:.1f}s", flush=True)
+            t0, cpu0 = time.monotonic(), cpu_seconds(pid) if pid else 0.0
+            rs = await asyncio.gather(*(http.post(url, json=body("none", 1)) for _ in range(conc)))
+            wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0 if pid else 0.0
+            n = sum(r.json()["timings"]["prompt_n"] for r in rs)
+            rows.append({"label": label, "conc": conc, "kind": "prompts", "tokens": n, "wall_s": wall,
+                         "tokens_per_s": n / wall, "server_cpu_s": cpu, "tokens_per_cpu_s": n / cpu if cpu else None})
+            print(f"{label} conc={conc} warm-up (prompts): {n} prompt tokens in {wall:.1f}s", flush=True)
             for kind in kinds:
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), cpu_seconds(pid) if pid else 0.0
                 rs = await asyncio.gather(*(http.post(url, json=body(kind, max_tokens)) for _ in range(conc)))
                 wall = time.monotonic() - t0
+                cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
                 t = [r.json()["timings"] for r in rs]
                 n = sum(x["predicted_n"] for x in t)
                 per = sorted(x["predicted_per_second"] for x in t)
                 rows.append({"label": label, "conc": conc, "kind": kind, "tokens": n, "wall_s": wall,
-                             "tokens_per_s": n / wall, "per_request_median": per[len(per) // 2]})
+                             "tokens_per_s": n / wall, "per_request_median": per[len(per) // 2], "server_cpu_s": cpu,
+                             "tokens_per_cpu_s": n / cpu if cpu else None})
+                per_cpu = f"; {n / cpu:.0f} tokens per server CPU second" if cpu else ""
                 print(f"{label} conc={conc} {kind:6s}: {n} tokens in {wall:.2f}s = {n / wall:.0f} tok/s; per request "
-                      f"{per[0]:.0f}-{per[-1]:.0f} tok/s (median {per[len(per) // 2]:.0f})", flush=True)
+                      f"{per[0]:.0f}-{per[-1]:.0f} tok/s (median {per[len(per) // 2]:.0f}){per_cpu}", flush=True)
     return rows
 
 
