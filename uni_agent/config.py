@@ -225,7 +225,8 @@ class ToolSpec(StrictModel):
 
 class RewardConfig(StrictModel):
     name: str | None = None
-    """The grader: `swe_local` (bundled and user tasks in SWE-bench form)."""
+    """The grader, a name in uni_agent.grading's registry: `swe_local` (bundled and user tasks in SWE-bench form),
+    `swe_bench`, `swe_smith`, `terminal_bench`. Checked against the registry when rows are read."""
     eval_timeout: float = 600
     metadata: dict[str, Any] = Field(default_factory=dict)
     in_agent_sandbox: bool = False
