@@ -232,7 +232,7 @@ def build(variant: str = "cpu", *, recipe: str = DEFAULT_RECIPE, jobs: int | Non
             build_dir = work / "build"
             say(f"configuring the {variant} build ({recipe} recipe)")
             configure(source, build_dir, flags, recipe, log_dir)
-            say(f"compiling with {jobs} jobs (CPU: about 5 minutes on 2 cores; CUDA: about 4 minutes on 16)")
+            say(f"compiling with {jobs} jobs (CPU: 3-5 minutes on 2 cores; CUDA: about 4 minutes on 12-16)")
             _run_step("build", ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)],
                       log_dir)
             for kept, name in ((".ninja_log", "ninja_log.txt"), ("compile_commands.json", "compile_commands.json")):
