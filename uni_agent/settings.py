@@ -30,6 +30,7 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_DASHBOARD_HOST", "UNI_AGENT_DASHBOARD_PORT", "UNI_AGENT_GPUS_PER_NODE", "UNI_AGENT_SANDBOXES_PER_NODE",
     "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
     "UNI_AGENT_IMAGE_CACHE", "UNI_AGENT_IMAGE_CACHE_GB", "UNI_AGENT_RUN_AS",  # sandbox/image_store.py, bwrap.py
+    "UNI_AGENT_PREPULL",  # cluster/sandbox-workers.sbatch
 })
 
 # Old setting names, still accepted as keywords, UNI_AGENT_* variables and settings-file keys, with a FutureWarning
