@@ -222,7 +222,7 @@ def run_cli(args: Any) -> int:
         path, count, problems = convert_tasks(
             Path(args.tasks_dir) if args.tasks_dir else None, Path(args.local_save_dir), args.deployment,
             args.agent_name, args.build_images, dict(args.build_arg), args.build_network, args.max_tasks,
-            args.local_images)
+            getattr(args, "local_images", False))  # callers may build args without the newer flag
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
