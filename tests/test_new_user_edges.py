@@ -316,4 +316,5 @@ def test_terminal_bench_skip_reason_marks_the_cut(tmp_path, capsys):
     skipped = [line for line in capsys.readouterr().err.splitlines() if "use-installed-tool" in line]
     run_line = "mkdir -p /opt/rot && printf '#!/bin/sh\\ntr \"A-Za-z\" \"N-ZA-Mn-za-m\"\\n' > /opt/rot/rot13"
     assert skipped == [f"skipped task use-installed-tool: needs its image, the host cannot stand in for it "
-                       f"(environment/Dockerfile line 3: RUN {run_line[:59]}…); use --deployment podman"], skipped
+                       f"(environment/Dockerfile line 3: RUN {run_line[:59]}…); use --deployment podman, or local "
+                       f"with --local-images"], skipped
