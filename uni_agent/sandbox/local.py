@@ -131,7 +131,8 @@ class LocalSandbox(SessionSandbox):
         root = sandbox_root()
         await asyncio.to_thread(reap_orphaned_sandboxes, root)
         self.dir = root / self.name
-        for sub in ("upper", "work", "merged", "root-upper", "root-work", "root", "tmp", "home", STATE_DIR_ON_HOST):
+        image_dirs = ("root-upper", "root-work", "root") if self._lease is not None else ()
+        for sub in ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST, *image_dirs):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         self.process_limit.create()
