@@ -83,21 +83,29 @@ class ImageStore:
     def open(self, reference: str) -> ImageLease:
         """The image, unpacked (once per node), with a shared lock held until the lease is released."""
         source = parse_reference(reference)
-        digest = self._known_digest(reference, source)
-        unpacked = False
-        if digest is None or not (self._dir(digest) / META).exists():
-            with self._staged(reference, source) as (layout, tag):
-                digest = _manifest_digest(layout, tag, reference)
-                unpacked = self._unpack_once(reference, layout, tag, digest)
-            self._remember(reference, source, digest)
-        fd = os.open(self._dir(digest) / META, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_SH)  # eviction takes LOCK_EX without waiting, so a leased image stays
-        if not (self._dir(digest) / META).exists():  # evicted between the check and the lock: fetch it again
-            os.close(fd)
-            self._forget(reference, source)
-            return self.open(reference)
-        os.utime(self._dir(digest) / META)  # least recently used = oldest mtime
-        return ImageLease(self._read_meta(reference, digest), fd, unpacked)
+        for _ in range(3):  # another process may evict it between our unpack and our lock: then fetch it again
+            digest = self._known_digest(reference, source)
+            unpacked = False
+            if digest is None or not (self._dir(digest) / META).exists():
+                with self._staged(reference, source) as (layout, tag):
+                    digest = _manifest_digest(layout, tag, reference)
+                    unpacked = self._unpack_once(reference, layout, tag, digest)
+                self._remember(reference, source, digest)
+            meta = self._dir(digest) / META
+            try:
+                fd = os.open(meta, os.O_RDONLY)
+            except FileNotFoundError:
+                self._forget(reference, source)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH)  # eviction takes LOCK_EX without waiting, so a leased image stays
+            if not meta.exists():  # evicted between the open and the lock
+                os.close(fd)
+                self._forget(reference, source)
+                continue
+            os.utime(meta)  # least recently used = oldest mtime
+            return ImageLease(self._read_meta(reference, digest), fd, unpacked)
+        raise ImageError(f"image {reference!r} was evicted from {self.root} three times while starting: the cache "
+                         f"limit (UNI_AGENT_IMAGE_CACHE_GB) is too small for the images in use")
 
     # -- where things are -----------------------------------------------------------------------------------------
     def _dir(self, digest: str) -> Path:
