@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from ..config import ConfigError
@@ -73,18 +74,26 @@ def _from_hub(hub_name: str, split: str) -> list[Any]:
                           "(e.g. its Parquet file) and pass --input FILE (.parquet, .jsonl or .json)") from None
 
 
-def normalize_instance(raw: Any, source: str = DATA_SOURCE, specs: dict[str, Any] | None = None) -> dict[str, str]:
-    """The official fields of one input row, checked and as strings; ConfigError says what is wrong."""
+def checked_strings(raw: Any, required: Iterable[str], strings: Iterable[str]) -> dict[str, str]:
+    """The start of checking one input row (every source's): a mapping, none of `required` missing, each of
+    `strings` a non-empty string; returns those strings. ConfigError says what is wrong."""
     if not isinstance(raw, dict):
         raise ConfigError(f"expected a mapping of fields, got {type(raw).__name__}")
-    missing = [f for f in INPUT_FIELDS if raw.get(f) is None]
+    missing = [f for f in required if raw.get(f) is None]
     if missing:
         raise ConfigError(f"missing fields {missing}")
     out: dict[str, str] = {}
-    for name in ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"):
+    for name in strings:
         if not isinstance(raw[name], str) or not raw[name].strip():
             raise ConfigError(f"{name} must be a non-empty string")
         out[name] = raw[name]
+    return out
+
+
+def normalize_instance(raw: Any, source: str = DATA_SOURCE, specs: dict[str, Any] | None = None) -> dict[str, str]:
+    """The official fields of one input row, checked and as strings; ConfigError says what is wrong."""
+    out = checked_strings(raw, INPUT_FIELDS,
+                          ("instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement"))
     version = raw["version"]
     if isinstance(version, (int, float)) and not isinstance(version, bool):
         version = str(version)  # a JSON number; "0.20" read as 0.2 will then fail the version check below

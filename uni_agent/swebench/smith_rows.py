@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..config import ConfigError
 from ..tasks.rows import seed_row
+from .instances import checked_strings
 from .smith import REWARD_NAME, agent_setup_command, check_metadata, repo_name, reverse_patch
 from .spec import DEPLOYMENTS, WORKDIR, test_list
 
@@ -41,16 +42,7 @@ When you are done, call `submit`. Your changes to {workdir} are your answer."""
 def normalize_instance(raw: Any) -> dict[str, str]:
     """The fields of one SWE-smith row, checked, as strings (test lists as JSON strings); ConfigError names the
     field that is wrong."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"expected a mapping of fields, got {type(raw).__name__}")
-    missing = [f for f in REQUIRED_FIELDS if raw.get(f) is None]
-    if missing:
-        raise ConfigError(f"missing fields {missing}")
-    out: dict[str, str] = {}
-    for name in ("instance_id", "repo", "patch", "image_name", "problem_statement"):
-        if not isinstance(raw[name], str) or not raw[name].strip():
-            raise ConfigError(f"{name} must be a non-empty string")
-        out[name] = raw[name]
+    out = checked_strings(raw, REQUIRED_FIELDS, ("instance_id", "repo", "patch", "image_name", "problem_statement"))
     for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         out[name] = json.dumps(test_list(raw[name], name))
     for name in OPTIONAL_FIELDS:
