@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .measure import percentile
 from .sandbox_rtt import TASK
 
 
@@ -37,11 +38,6 @@ def _disk_bytes(box: Any) -> int:
     out = subprocess.run(["podman", "container", "inspect", "--size", "--format", "{{.SizeRw}}", box.name],
                          capture_output=True, text=True, check=True).stdout
     return int(out.strip() or 0)
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * q))]
 
 
 async def _measure(config: Any, starts: int, commands: int, live: int) -> dict[str, Any]:
@@ -77,8 +73,8 @@ async def _measure(config: Any, starts: int, commands: int, live: int) -> dict[s
         disk = statistics.fmean([await asyncio.to_thread(_disk_bytes, b) for b in boxes])
     finally:
         await asyncio.gather(*(b.close() for b in boxes))
-    return {"first_start_s": first, "start_p50_s": statistics.median(later), "start_p95_s": _pct(later, 0.95),
-            "rtt_p50_ms": 1000 * statistics.median(trips), "rtt_p95_ms": 1000 * _pct(trips, 0.95),
+    return {"first_start_s": first, "start_p50_s": statistics.median(later), "start_p95_s": percentile(later, 0.95),
+            "rtt_p50_ms": 1000 * statistics.median(trips), "rtt_p95_ms": 1000 * percentile(trips, 0.95),
             "disk_mib_per_sandbox": disk / 2**20}
 
 
