@@ -179,7 +179,9 @@ def _unpack(sdist: Path, dest: Path) -> Path:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and not m.name.startswith(skip)]
         if not members:
             raise LlamaBuildError(f"{sdist} holds no {prefix}: not the llama-cpp-python sdist this build expects")
-        tar.extractall(dest, members=members, filter="data")
+        # filter= exists from Python 3.11.4 (Debian 12 ships 3.11.2); the members are plain files of one prefix anyway
+        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, members=members, **extra)
     return dest / prefix
 
 
@@ -216,7 +218,10 @@ def build(variant: str = "cpu", *, recipe: str = DEFAULT_RECIPE, jobs: int | Non
             work = Path(tmp)
             if sdist is None:
                 say(f"downloading the {SOURCE_PACKAGE}=={SOURCE_VERSION} sdist (its vendored llama.cpp source)")
-                _run_step("download", [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                _run_step("download", [sys.executable, "-m", "pip", "download", "--no-deps",
+                                       # the sdist of this one package; ":all:" would also build its build
+                                       # dependencies from source to read its metadata (minutes instead of seconds)
+                                       "--no-binary", SOURCE_PACKAGE,
                                        "-d", str(work), f"{SOURCE_PACKAGE}=={SOURCE_VERSION}"],
                           log_dir)
                 found = sorted(work.glob("*.tar.gz"))
