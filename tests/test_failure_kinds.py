@@ -269,3 +269,27 @@ def test_cli_flags_reach_the_settings():
     assert settings.retry_errors is True and settings.token_capture == "vllm"
     default = settings_from(build_parser().parse_args(["run"]))
     assert default.retry_errors is False and default.token_capture == "auto"
+
+
+def test_a_run_that_is_mostly_infra_failures_exits_non_zero_and_says_why(rows, tmp_path, dask_client, capfd):
+    """The endpoint fails every call (HTTP 503 after the client's retries): every rollout is an infra failure, so
+    the CLI exits 3 naming the share and the part that broke; a run where the model merely fails exits 0."""
+    from uni_agent.cli import INFRA_OUTAGE_EXIT, main
+    from uni_agent.tasks.swe_form import convert
+
+    data = tmp_path / "rows.parquet"
+    convert(None, data)
+    argv = ["run", "--data-path", str(data), "--agent-config-path", str(AGENT_CONFIG), "--max-samples", "2",
+            "--n", "1", "--max-turns", "2", "--engine", "external", "--model", "scripted", "--no-verify",
+            "--no-progress", "--scheduler-address", dask_client.scheduler.address]
+    with ScriptedLLM(lambda body: Fault(503)) as server:
+        code = main([*argv, "--base-url", server.base_url, "--output-dir", str(tmp_path / "down")])
+    err = capfd.readouterr().err
+    assert code == INFRA_OUTAGE_EXIT, err[-3000:]
+    assert "error: 2 of 2 rollouts failed for infrastructure reasons (llm: 2)" in err
+
+    with ScriptedLLM(lambda body: tool_call_message("execute_bash", {"command": "true"})) as server:
+        code = main([*argv, "--base-url", server.base_url, "--output-dir", str(tmp_path / "up")])
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    assert "infrastructure reasons" not in err

@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     outcome = run(settings=settings_from(args))
     print(json.dumps(outcome.summary, indent=2))
-    return 0
+    return _exit_status(outcome.summary)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -108,7 +108,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     outcome = verify_all(settings=settings_from(args), patch=args.patch)
     print(json.dumps(outcome.summary, indent=2))
-    return 0
+    return _exit_status(outcome.summary)
+
+
+INFRA_OUTAGE_EXIT = 3  # distinct from 1 (an error before or during the run) and 2 (bad arguments)
+
+
+def _exit_status(summary: dict) -> int:
+    from .summary import infra_outage
+
+    reason = infra_outage(summary)
+    if reason is None:
+        return 0
+    print(f"error: {reason}", file=sys.stderr)
+    return INFRA_OUTAGE_EXIT
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

@@ -77,3 +77,19 @@ def failure_counts(results: pd.DataFrame) -> dict[str, Any]:
         "infra_failure_parts": causes,
         "avg_at_n_without_infra": round(float(clean["reward"].astype(float).mean()), 4) if len(clean) else None,
     }
+
+
+INFRA_FAILURE_LIMIT = 0.5  # above this share of infra failures a run is an outage, not a model result
+
+
+def infra_outage(summary: dict[str, Any], limit: float = INFRA_FAILURE_LIMIT) -> str | None:
+    """Why the run must exit non-zero, when more than `limit` of its rollouts failed for infrastructure reasons
+    (sandboxes, engine, cluster): their reward 0 says nothing about the model. None for a run that measured it."""
+    total, infra = summary.get("num_rollouts", 0), summary.get("infra_failures", 0)
+    if not total or infra <= limit * total:
+        return None
+    parts = ", ".join(f"{part}: {count}" for part, count in sorted(
+        summary.get("infra_failure_parts", {}).items(), key=lambda item: -item[1]))
+    return (f"{infra} of {total} rollouts failed for infrastructure reasons ({parts or 'unknown'}), so the scores "
+            "measure the infrastructure, not the model; the rows' failure_cause and logs/ say what broke")
+
