@@ -251,8 +251,8 @@ def test_run_writes_token_columns_and_masks_rollouts_that_did_not_submit(llama_s
         replies = [m["content"] for m in json.loads(row.messages) if m["role"] == "assistant"]
         text = _detokenize(llama_server, list(row.input_ids))
         assert all(reply in text for reply in replies)
-    # The README's loader gives padded arrays of these rows.
-    readme = (REPO_ROOT / "README.md").read_text()
+    # The loader in docs/outputs.md gives padded arrays of these rows.
+    readme = (REPO_ROOT / "docs" / "outputs.md").read_text()
     snippet = readme.split("Loading a run's results into padded arrays", 1)[1].split("```python", 1)[1].split("```")[0]
     namespace: dict = {}
     exec(snippet.replace('"outputs/quickstart/results"', repr(str(tmp_path / "results"))), namespace)
