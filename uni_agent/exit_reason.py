@@ -1,8 +1,8 @@
-"""Why an episode ended: one enum, written to every result row and event, and read back from older rows.
+"""Why an episode ended: one enum, written to every result row and event, and read back from stored rows.
 
-Until this enum, one name (`timeout_budget`) meant both "too many command timeouts" and "out of wall-clock time";
-rows written then are renamed when read (`migrate_exit_reason`), telling the two apart by the error text the agent
-loop wrote with them. Nothing else is imported here: the dashboard's fold and the Parquet readers both use it.
+A stored row may carry `timeout_budget`, a retired name that covered both "too many command timeouts" and "out of
+wall-clock time"; `migrate_exit_reason` maps it to one of the two by the error text written with it, so every reader
+sees only current names. Nothing else is imported here: the dashboard's fold and the Parquet readers both use it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Rollouts to an AgentWorker actor in batches: two long-lived calls per actor instead of one call per rollout.
+"""Rollouts to an AgentWorker actor in batches: two long-lived calls per actor rather than one call per rollout.
 
-A Dask actor call holds one connection of the driver's connection pool (512 by default) for as long as it runs, so
-one `run_rollout` call per rollout capped a driver at 512 rollouts in flight whatever the agent's `concurrency` said
-(found by `uni-agent bench --simulate`: 1,000 asked, 2 x 256 ran), and cost a TCP connection per rollout. Here the
-driver hands specs over in batches (`AgentWorker.start_rollouts` returns at once) and one long poll per actor
+A Dask actor call holds one connection of the driver's connection pool (512 by default) for as long as it runs, so a
+call per rollout would cap a driver at 512 rollouts in flight whatever the agent's `concurrency` says (asking for
+1,000 would run 2 x 256 at a time; `uni-agent bench --simulate` measures it) and cost a TCP connection per rollout.
+So the driver hands specs over in batches (`AgentWorker.start_rollouts` returns at once) and one long poll per actor
 (`AgentWorker.collect`) brings finished results back in batches. A failed call (the actor's worker died) fails every
-rollout waiting on that actor, as the per-rollout calls did, and the dispatcher retries them elsewhere.
+rollout waiting on that actor, and the dispatcher retries them elsewhere.
 """
 
 from __future__ import annotations
