@@ -54,7 +54,7 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
 
     Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
     sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
-    last one. Kept cheap with a thousand sandboxes under the root (it was a read per dir per start, O(n^2) in all):
+    last one. Kept cheap with a thousand sandboxes under the root (a read per dir per start would be O(n^2) in all):
     each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
     that finds another one running in this process returns at once (that one is as recent)."""
     if not _reap_lock.acquire(blocking=False):
