@@ -15,6 +15,16 @@ the supervisor's start-up time):
                      result ID EXIT|- TIMED_OUT CANCELLED OUT_LEN ERR_LEN DROPPED SECONDS  out-bytes err-bytes
                      failed ID LEN  message-bytes   the sandbox could not carry out request ID (its disk, its state
                                                     dir): an infrastructure failure, not the command's
+Relay (a way out of a sandbox whose network is off, e.g. to the model gateway; only while the host asks for it):
+  host → supervisor  listen ID PORT                 listen on 127.0.0.1:PORT (0: a free port); answer: listening ID
+                                                    PORT, or failed ID ...
+                     data CONN LEN  bytes           bytes for the program on connection CONN
+                     close CONN                     the host sends no more on CONN
+  supervisor → host  open CONN PORT                 a program connected to the listener on PORT; CONN numbers it
+                     data CONN LEN  bytes           bytes the program sent on CONN
+                     close CONN                     the program sends no more on CONN (it closed, or the socket broke)
+Each side sends `close` once per connection (a half-close: the other direction goes on); the connection is gone when
+both have. Data for a connection that is gone is dropped. Bytes for a program that does not read are buffered here.
 A command runs as `bash run.sh` in a session (and so a process group) of its own. At its timeout, or on cancel, that
 group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
 `nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
@@ -93,6 +103,7 @@ class Supervisor:
         self.spare = None  # the next command's shell, started ahead
         self.children = {}  # pid -> Popen of every shell not yet reaped
         self.groups = set()  # every command's process group, killed when the supervisor ends
+        self.relay = None  # the Relay, once the host asks for one
         self.out = sys.stdout.buffer
         self.stdin_fd = sys.stdin.fileno()
         # SIGCHLD wakes the selector through a pipe: the loop notices a command's exit at once.
@@ -125,9 +136,13 @@ class Supervisor:
                 if self.end_of_life is not None and time.monotonic() >= self.end_of_life:
                     sys.stderr.write("uni-agent supervisor: the sandbox's lifetime is over\n")
                     return
-                for key, _ in self.selector.select(timeout):
+                for key, events in self.selector.select(timeout):
                     kind, command = key.data
-                    if kind == "inbox":
+                    if kind == "stream":
+                        self.relay.ready(command, events)
+                    elif kind == "listener":
+                        self.relay.accept(command)
+                    elif kind == "inbox":
                         if not self.read_inbox():
                             return
                     elif kind == "wake":
@@ -166,7 +181,23 @@ class Supervisor:
                 self.current.cancelled = True
                 self.kill_group(self.current.proc.pid)
             return True
-        if op == "exec":
+        if op in ("listen", "close"):
+            del self.inbox[:newline + 1]
+            if self.relay is None:
+                self.relay = Relay(self)
+            if op == "close":
+                self.relay.host_closed(request_id)
+                return True
+            try:
+                self.relay.listen(request_id, int(fields[2]))
+            except OSError as exc:  # the port is taken, say
+                message = ("listen on 127.0.0.1:%s failed in the sandbox: %s" % (fields[2], exc)).encode()
+                self.send("failed %d %d" % (request_id, len(message)), message)
+            return True
+        if op == "data":
+            request = {"id": request_id}
+            sizes = [int(fields[2]), 0]
+        elif op == "exec":
             request = {"id": request_id, "timeout": float(fields[2]), "merge": fields[3] == "1"}
             stdin_size = int(fields[5])
             sizes = [int(fields[4]), max(stdin_size, 0)]
@@ -182,7 +213,10 @@ class Supervisor:
         del self.inbox[:end]
         first, rest = payload[:sizes[0]], payload[sizes[0]:]
         try:
-            if op == "write":
+            if op == "data":
+                if self.relay is not None:
+                    self.relay.deliver(request_id, first)
+            elif op == "write":
                 request["path"] = first.decode()
                 self.write_file(request, rest)
             else:
@@ -391,6 +425,133 @@ class Supervisor:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class Connection:
+    """One connection a program made to a relay listener: what the host sent that the program has not read yet, and
+    which directions are still open."""
+
+    def __init__(self, conn_id, sock):
+        self.id = conn_id
+        self.sock = sock
+        self.pending = bytearray()  # from the host, not yet taken by the program
+        self.reading = True  # the program may still send (we sent no `close` yet)
+        self.host_done = False  # the host sent `close`: shut our write side once `pending` is out
+        self.shut = False
+        self.broken = False  # a send failed: nothing more can reach the program
+        self.mask = 0  # the selector events registered for it
+
+
+class Relay:
+    """The supervisor's end of the relay (see the protocol above): listeners on 127.0.0.1 inside the sandbox, and each
+    connection's bytes carried as `data` messages on the supervisor's own stdin/stdout."""
+
+    def __init__(self, supervisor):
+        import socket  # here, not at the top: only a sandbox that relays pays for the import
+        self.socket = socket
+        self.supervisor = supervisor
+        self.selector = supervisor.selector
+        self.connections = {}
+        self.last_id = 0
+
+    def listen(self, request_id, port):
+        socket = self.socket
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self.selector.register(listener, selectors.EVENT_READ, ("listener", listener))
+        self.supervisor.send("listening %d %d" % (request_id, listener.getsockname()[1]))
+
+    def accept(self, listener):
+        try:
+            sock, _ = listener.accept()
+        except OSError:  # gone before we took it, or out of file descriptors: the program sees a refused connect
+            return
+        sock.setblocking(False)
+        sock.setsockopt(self.socket.IPPROTO_TCP, self.socket.TCP_NODELAY, 1)
+        self.last_id += 1
+        connection = self.connections[self.last_id] = Connection(self.last_id, sock)
+        self.supervisor.send("open %d %d" % (connection.id, listener.getsockname()[1]))
+        self.update(connection)
+
+    def ready(self, connection, events):
+        if events & selectors.EVENT_READ:
+            self.read(connection)
+        if events & selectors.EVENT_WRITE and connection.id in self.connections:
+            self.flush(connection)
+
+    def read(self, connection):
+        try:
+            chunk = connection.sock.recv(READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset by the program: nothing more in either direction
+            chunk = b""
+            connection.broken = True
+            connection.pending = bytearray()
+        if chunk:
+            self.supervisor.send("data %d %d" % (connection.id, len(chunk)), chunk)
+            return
+        connection.reading = False
+        self.supervisor.send("close %d" % connection.id)
+        self.update(connection)
+
+    def deliver(self, conn_id, data):
+        connection = self.connections.get(conn_id)
+        if connection is None or connection.broken or connection.host_done:
+            return  # gone: dropped
+        connection.pending += data
+        self.flush(connection)
+
+    def host_closed(self, conn_id):
+        connection = self.connections.get(conn_id)
+        if connection is not None:
+            connection.host_done = True
+            self.flush(connection)
+
+    def flush(self, connection):
+        if connection.pending and not connection.broken:
+            try:
+                sent = connection.sock.send(connection.pending)
+                del connection.pending[:sent]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:  # the program is gone: what it did not read is dropped
+                connection.broken = True
+                connection.pending = bytearray()
+        if connection.host_done and not connection.pending and not connection.shut and not connection.broken:
+            try:
+                connection.sock.shutdown(self.socket.SHUT_WR)
+            except OSError:
+                connection.broken = True
+            connection.shut = True
+        self.update(connection)
+
+    def update(self, connection):
+        """Wait for the events the connection still needs; close and forget it when both directions are over."""
+        if not connection.reading and (connection.shut or connection.broken):
+            if connection.mask:
+                self.selector.unregister(connection.sock)
+            connection.sock.close()
+            del self.connections[connection.id]
+            return
+        mask = (selectors.EVENT_READ if connection.reading else 0) | (
+            selectors.EVENT_WRITE if connection.pending and not connection.broken else 0)
+        if mask == connection.mask:
+            return
+        if not mask:
+            self.selector.unregister(connection.sock)
+        elif connection.mask:
+            self.selector.modify(connection.sock, mask, ("stream", connection))
+        else:
+            self.selector.register(connection.sock, mask, ("stream", connection))
+        connection.mask = mask
 
 
 def _find(program):
