@@ -197,7 +197,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-if __name__ == "__main__":  # `python -m uni_agent.sandbox.container reap ...` (README): the command lives with `reap`
+if __name__ == "__main__":  # `python -m uni_agent.sandbox.container reap ...` (docs/sandboxes.md): lives with `reap`
     from .container_reap import main
 
     main()
