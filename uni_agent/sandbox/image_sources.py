@@ -204,17 +204,19 @@ def _fetch_registry_image(name: str, layout: Path, tmp: Path, reference: str) ->
                      f"(oci:PATH, oci-archive:PATH, docker-archive:PATH)")
 
 
-def run_tool(argv: list[str], reference: str, step: str) -> None:
-    if shutil.which(argv[0]) is None:
-        raise ImageError(f"image {reference!r}: {argv[0]} is not installed (apt-get install {argv[0]}); it is needed "
+def run_tool(argv: list[str], reference: str, step: str, tool: str = "") -> None:
+    """Run `tool` (argv[0] unless named: argv may start with a namespace's prefix); failures are ImageErrors."""
+    tool = tool or argv[0]
+    if shutil.which(tool) is None:
+        raise ImageError(f"image {reference!r}: {tool} is not installed (apt-get install {tool}); it is needed "
                          f"to {step} images for local sandboxes")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ImageError(f"image {reference!r}: {argv[0]} {step} took over {TOOL_TIMEOUT_S} s") from None
+        raise ImageError(f"image {reference!r}: {tool} {step} took over {TOOL_TIMEOUT_S} s") from None
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip()[-1500:]
-        raise ImageError(f"image {reference!r}: {argv[0]} {step} failed (exit {done.returncode}): {tail}")
+        raise ImageError(f"image {reference!r}: {tool} {step} failed (exit {done.returncode}): {tail}")
 
 
 def _sha256_file(path: Path) -> str:

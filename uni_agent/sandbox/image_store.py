@@ -10,9 +10,12 @@ An image reference is one of
 
 Each image is unpacked by `umoci` (whiteouts, opaque directories, hard links, owners and modes, digests checked)
 into `<cache>/<manifest digest>/rootfs`, under an exclusive file lock on that digest, so concurrent workers on one
-node unpack it once and the others wait for it. A sandbox holds a shared lock on the image for as long as it runs;
-the cache evicts the least recently used images beyond its size limit, skipping those in use. The cache belongs on
-node-local disk: `UNI_AGENT_IMAGE_CACHE` (default `~/.cache/uni-agent/images`), `UNI_AGENT_IMAGE_CACHE_GB` (100).
+node unpack it once and the others wait for it. Without root it is unpacked inside the user namespace the sandboxes
+run in (userns.py), so that its files keep their owners there; with no subordinate ids, by `umoci --rootless` (every
+file the caller's, so root's inside). The three kinds of unpack go to dirs of their own (suffixes `-subids`,
+`-rootless`). A sandbox holds a shared lock on the image for as long as it runs; the cache evicts the least
+recently used images beyond its size limit, skipping those in use. The cache belongs on node-local disk:
+`UNI_AGENT_IMAGE_CACHE` (default `~/.cache/uni-agent/images`), `UNI_AGENT_IMAGE_CACHE_GB` (100).
 
 Pre-pull the images a dataset names, e.g. in a SLURM job's prologue:
 `python -m uni_agent.sandbox.image_store pull --dataset data.parquet` (or image references as arguments).
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .image_sources import ImageError, Source, StagedLayout, blob_path, parse_reference, read_json, run_tool
+from .userns import remove_tree, user_namespace
 
 DEFAULT_CACHE = Path.home() / ".cache" / "uni-agent" / "images"
 DEFAULT_CACHE_GB = 100.0
@@ -109,7 +113,7 @@ class ImageStore:
 
     # -- where things are -----------------------------------------------------------------------------------------
     def _dir(self, digest: str) -> Path:
-        return self.root / digest.replace(":", "-")
+        return self.root / (digest.replace(":", "-") + _unpack_mode()[0])
 
     def _ref_file(self, reference: str, source: Source) -> Path:
         key = reference
@@ -144,17 +148,17 @@ class ImageStore:
         with _locked(self.root / "locks" / f"{target.name}.lock"):
             if (target / META).exists():
                 return False  # another worker unpacked it while we waited
-            shutil.rmtree(target, ignore_errors=True)  # a half-done unpack of a worker that died
+            remove_tree(target)  # a half-done unpack of a worker that died
             bundle = Path(tempfile.mkdtemp(prefix=f"{target.name}.", suffix=".unpacking", dir=self.root))
             try:
                 shutil.rmtree(bundle)  # umoci wants to create it
-                argv = ["umoci", "unpack"] + (["--rootless"] if os.geteuid() != 0 else [])
-                run_tool(argv + ["--image", f"{layout}:{tag}", str(bundle)], reference, "unpack")
+                run_tool(_unpack_mode()[1] + ["--image", f"{layout}:{tag}", str(bundle)], reference, "unpack",
+                         "umoci")
                 meta = _meta_from_bundle(bundle, layout, tag, digest, reference)
                 bundle.rename(target)
                 (target / META).write_text(json.dumps(meta))
             finally:
-                shutil.rmtree(bundle, ignore_errors=True)
+                remove_tree(bundle)
         self.evict(keep=digest)
         return True
 
@@ -201,10 +205,22 @@ class ImageStore:
             return False  # a sandbox is running on it
         try:
             (image_dir / META).unlink()  # first: from here on it is "not unpacked" to everyone
-            shutil.rmtree(image_dir, ignore_errors=True)
+            remove_tree(image_dir)
         finally:
             os.close(fd)
         return True
+
+
+def _unpack_mode() -> tuple[str, list[str]]:
+    """(suffix of the image dirs, umoci's argv) for who we are: root; a namespace with subordinate ids; neither."""
+    if os.geteuid() == 0:
+        return "", ["umoci", "unpack"]
+    namespace = user_namespace()
+    if namespace is not None and namespace.subordinate:
+        # As root of the namespace umoci sets the image's owners (mapped to our subordinate ids); it writes device
+        # nodes, which it cannot make there, as empty files (bubblewrap mounts its own /dev over them).
+        return "-subids", [*namespace.argv(mount=False), "umoci", "unpack"]
+    return "-rootless", ["umoci", "unpack", "--rootless"]
 
 
 def _manifest_digest(layout: Path, tag: str, reference: str) -> str:

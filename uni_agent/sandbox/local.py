@@ -6,8 +6,10 @@ is the shared git snapshot of the repo and whose upper layer belongs to this san
 runs the sandbox supervisor (supervisor.py) in fresh namespaces. Every command is then a message to that supervisor
 (session.py): no process chain per command, and what a command leaves running in the background lives as long as
 the sandbox. Nothing is ever mounted on the host: the overlay exists only in the sandbox's namespace and goes with
-it. Without root (or where overlayfs cannot be mounted) the workspace is a plain copy instead. Debian's bubblewrap
-0.8 has no overlay option, hence the mount before bwrap.
+it. Debian's bubblewrap 0.8 has no overlay option, hence the mount before bwrap. Without root the chain first
+enters a user namespace of its own (userns.py), where the caller is root: the overlay is mounted there, and bwrap
+acts as it does for real root (an image's owners and User included, where the user has subordinate ids). Only
+where no overlay can be mounted at all is the workspace a plain copy (said once per process, in the log).
 
 The chain dies with its owner: `setpriv --pdeathsig KILL` (kept across the execs that follow) and bwrap's
 `--die-with-parent`; the supervisor also exits when its stdin closes. Closing the sandbox ends the pid namespace,
@@ -20,30 +22,29 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
 import threading
 import uuid
 from pathlib import Path
+
+import structlog
 
 from ..config import LocalDeploymentConfig
 from .backend import SessionSandbox, Transport, process_transport
 from .base import ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv
-from .image_store import ImageLease, ImageStore
+from .image_store import ImageLease, ImageRootfs, ImageStore
+from .private_dir import make_private_subdir, sandbox_root
 from .process_limit import ProcessLimit, reap_orphaned_cgroups
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
 from .supervisor import CAPTURE_LIMIT_BYTES
+from .userns import NO_SUBORDINATE_IDS, UserNamespace, remove_tree, user_namespace
 
 __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
 
+log = structlog.get_logger("uni_agent.sandbox")
+
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
-
-
-def sandbox_root() -> Path:
-    root = Path(os.environ.get("UNI_AGENT_SANDBOX_ROOT") or Path(tempfile.gettempdir()) / "uni-agent-sandboxes")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 OWNER_FILE = "owner.pid"
@@ -79,7 +80,7 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
             if owner not in alive:
                 alive[owner] = os.path.exists(f"/proc/{owner}")
             if not alive[owner]:
-                shutil.rmtree(key, ignore_errors=True)
+                remove_tree(key)
                 removed.append(root / name)
                 _owners.pop(key, None)
         reap_orphaned_cgroups()  # machine-wide: also those of sandboxes under another root
@@ -114,6 +115,7 @@ class LocalSandbox(SessionSandbox):
         self._proc: asyncio.subprocess.Process | None = None
         self._base: Path | None = None  # the shared snapshot of the task repo, when there is one
         self._lease: ImageLease | None = None  # the unpacked image, when the sandbox runs one
+        self._userns: UserNamespace | None = None  # the user namespace the chain starts in (not as root)
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
     extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
@@ -122,32 +124,72 @@ class LocalSandbox(SessionSandbox):
     async def _launch(self) -> Transport:
         if shutil.which("bwrap") is None:
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
+        self._userns = await asyncio.to_thread(user_namespace)
         if self.config.image:
             self._lease = await asyncio.to_thread(image_store().open, self.config.image)
             if "workdir" not in self.config.model_fields_set and self._lease.image.workdir:
                 self.workdir = self._lease.image.workdir  # the image's WorkingDir, unless the row names one
+            self._check_user(self._lease.image)
         if self.config.repo:
             self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
-        root = sandbox_root()
+        root = await asyncio.to_thread(sandbox_root)
         await asyncio.to_thread(reap_orphaned_sandboxes, root)
-        self.dir = root / self.name
         image_dirs = ("root-upper", "root-work", "root") if self._lease is not None else ()
-        for sub in ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST, *image_dirs):
-            (self.dir / sub).mkdir(parents=True)
-        (self.dir / OWNER_FILE).write_text(str(os.getpid()))
+        self.dir = await asyncio.to_thread(
+            make_private_subdir, root, self.name, ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST,
+                                                   *image_dirs), {OWNER_FILE: str(os.getpid())})
         self.process_limit.create()
         self.use_overlay = await self._overlay_wanted()
         if not self.use_overlay:
-            await asyncio.to_thread(self._copy_workspace)
-        if self._lease is not None and self._lease.image.uid != 0:  # what the image's User must be able to write
-            for sub in (STATE_DIR_ON_HOST, "upper", "merged"):
-                os.chown(self.dir / sub, self._lease.image.uid, self._lease.image.gid)
+            await self._copy_workspace()
+        if self._lease is not None and not os.path.lexists(self._lease.image.rootfs / "run"):
+            # bwrap would make /run for the state dir itself, mode 0700: closed to an image's User
+            os.mkdir(self.dir / ("root-upper" if self.use_overlay else "root") / "run", 0o755)
+        if self._switches_user() and self._userns is None:  # as root; in a namespace, its setup script does it
+            for sub in self._user_dirs():
+                os.chown(sub, self._lease.image.uid, self._lease.image.gid)  # type: ignore[union-attr]
         self._proc = await self._spawn(self._argv(self.use_overlay))
         return process_transport(self._proc, "bwrap")
 
-    def _copy_workspace(self) -> None:
-        """Without overlayfs: full copies (slow for an image: give the worker root, or `workspace: overlay`)."""
+    def _switches_user(self) -> bool:
+        return self._lease is not None and self._lease.image.uid != 0
+
+    def _user_dirs(self) -> list[Path]:
+        """What the image's User must be able to write."""
         assert self.dir is not None
+        return [self.dir / sub for sub in (STATE_DIR_ON_HOST, "upper", "merged")]
+
+    def _check_user(self, image: ImageRootfs) -> None:
+        """An image's User that cannot be switched to here is a clear error, not a retried start."""
+        if image.uid == 0 or os.geteuid() == 0:
+            return
+        namespace = self._userns
+        if namespace is None:
+            why = "unprivileged user namespaces are refused here"
+        elif not namespace.subordinate:
+            why = NO_SUBORDINATE_IDS
+        elif max(image.uid, image.gid) >= namespace.ids:
+            why = f"your subordinate ids map only 0..{namespace.ids - 1} (a larger range in /etc/subuid, /etc/subgid)"
+        else:
+            return
+        raise SandboxError(f"image {image.reference!r} runs as User {image.uid}:{image.gid}, which needs root or "
+                           f"subordinate ids: {why}")
+
+    async def _copy_workspace(self) -> None:
+        """Full copies, where no overlay can be mounted (slow for an image: seconds and its size on disk each)."""
+        if self._userns is None:
+            await asyncio.to_thread(self._copy_layers)
+            return
+        for lower, _, _, target in self._layers():  # as root of the namespace, so that the image's owners stay
+            proc = await asyncio.create_subprocess_exec(
+                *self._userns.argv(mount=False), "cp", "-a", "--", f"{lower}/.", str(target),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise SandboxStartError(f"copying {lower} into sandbox {self.name} failed: "
+                                        f"{err.decode(errors='replace').strip()[-1000:]}")
+
+    def _copy_layers(self) -> None:
         for lower, _, _, target in self._layers():
             shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True)
 
@@ -162,20 +204,26 @@ class LocalSandbox(SessionSandbox):
         return layers
 
     async def _overlay_wanted(self) -> bool:
-        wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and os.geteuid() == 0)
-        if not wanted:
-            return False
-        if not _overlay_works:  # probed until it first works, then known for the process
-            if not await self._probe_overlay():
-                if self.config.workspace == "overlay":
-                    raise SandboxStartError("overlayfs workspace requested but it cannot be mounted here (needs root)")
-                return False
-            _overlay_works.append(True)
-        return True
+        possible = os.geteuid() == 0 or self._userns is not None
+        wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and possible)
+        if wanted and not _overlay_works:  # probed until it first works, then known for the process
+            if await self._probe_overlay():
+                _overlay_works.append(True)
+            elif self.config.workspace == "overlay":
+                raise SandboxError("overlayfs workspace requested but it cannot be mounted here: it needs root, or "
+                                   "Linux 5.11 or later with unprivileged user namespaces allowed")
+            else:
+                wanted = False
+        if not wanted and self.config.workspace == "auto" and not _copy_said:
+            _copy_said.append(True)
+            log.warning("sandbox_workspace_copied", detail="overlayfs cannot be mounted here (not as root, nor in a "
+                        "user namespace): every local sandbox copies its repo and image root, seconds and the "
+                        "image's size on disk per start")
+        return wanted
 
     async def _probe_overlay(self) -> bool:
         proc = await asyncio.create_subprocess_exec(
-            *self._overlay_prefix(), "true", stdin=asyncio.subprocess.DEVNULL,
+            *self._namespace_prefix(overlay=True), "true", stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         return await proc.wait() == 0
 
@@ -187,9 +235,21 @@ class LocalSandbox(SessionSandbox):
     def _argv(self, overlay: bool) -> list[str]:
         # The cgroup is joined first, so the whole sandbox (bwrap, supervisor, commands) counts against pids.max.
         prefix = self.process_limit.command_prefix() + ["setpriv", "--pdeathsig", "KILL"]
+        return prefix + self._namespace_prefix(overlay) + self._bwrap_args()
+
+    def _namespace_prefix(self, overlay: bool) -> list[str]:
+        """The namespaces the chain enters before bwrap, and its setup there: the image's User's dirs handed to it
+        (in a user namespace, where the caller is root), each copy-on-write tree mounted (with `overlay`)."""
+        trees = [str(path) for layer in self._layers() for path in layer] if overlay else []
+        if self._userns is not None:
+            image = self._lease.image if self._lease is not None and self._switches_user() else None
+            owner = f"{image.uid}:{image.gid}" if image is not None else ""
+            dirs = [str(path) for path in self._user_dirs()] if image is not None else []
+            return [*self._userns.argv(mount=True), "sh", "-c", SETUP_SCRIPT, "sh", owner, *dirs, "--", *trees, "--"]
         if overlay:
-            prefix += self._overlay_prefix()
-        return prefix + self._bwrap_args()
+            return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SETUP_SCRIPT, "sh", "", "--",
+                    *trees, "--"]
+        return []
 
     async def _teardown(self) -> None:
         proc, self._proc = self._proc, None
@@ -208,7 +268,7 @@ class LocalSandbox(SessionSandbox):
             self._lease.release()
             self._lease = None
         if self.dir is not None:
-            await asyncio.to_thread(shutil.rmtree, self.dir, True)
+            await asyncio.to_thread(remove_tree, self.dir)
             self.dir = None
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
@@ -216,13 +276,6 @@ class LocalSandbox(SessionSandbox):
         if self.dir is not None and not os.path.isdir(self.dir):  # a stat: cheap next to the command
             raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use")
         return await super().exec(command, timeout, stdin=stdin, merge_stderr=merge_stderr)
-
-    def _overlay_prefix(self) -> list[str]:
-        """A private mount namespace with each copy-on-write tree mounted, then the rest of the argv."""
-        mount = ('while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
-                 '|| exit 1; shift 4; done; shift; exec "$@"')
-        trees = [str(path) for layer in self._layers() for path in layer]
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh", *trees, "--"]
 
     def _bwrap_args(self) -> list[str]:
         assert self.dir is not None
@@ -238,6 +291,11 @@ class LocalSandbox(SessionSandbox):
                           shell_limits=" ".join(limits))
 
 
+# Run by `sh` in the sandbox's namespaces before bwrap. Its arguments: OWNER (uid:gid, or empty) and the dirs to
+# give to it, `--`, then lower, upper, work dir and mount point of each copy-on-write tree, `--`, then bwrap's argv.
+SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1" || exit 1; shift; done; shift; '
+                'while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
+                '|| exit 1; shift 4; done; shift; exec "$@"')
+
 _overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
-
-
+_copy_said: list[bool] = []  # [True] once the fallback to copies was logged
