@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from typing import Any
 
 import aiohttp
 import httpx
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ..redact import redact
 from .reply import (
@@ -45,6 +46,7 @@ class ChatClient:
         retry_unreachable: bool = True,
         token_capture: str | None = None,
         token_in: bool = True,
+        down_wait: float | None = None,
     ):
         if token_capture not in (None, *TOKEN_CAPTURE):
             raise ValueError(f"token_capture {token_capture!r}: expected one of {TOKEN_CAPTURE} or None")
@@ -55,6 +57,9 @@ class ChatClient:
         self.model = model
         self.max_attempts = max_attempts
         self.retry_unreachable = retry_unreachable  # False when a router can send the request to another replica
+        # Seconds a call waits for an endpoint that accepts no connection (its engine restarting) before it fails;
+        # None: such a failure is one more of the max_attempts, like any transient one.
+        self.down_wait = down_wait
         self.sampling = dict(sampling or {})
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A dead host should not take the whole request timeout to notice: connecting gets at most 30 s.
@@ -90,21 +95,28 @@ class ChatClient:
             body["response_format"] = response_format
         if self.token_capture:
             body.update(TOKEN_FIELDS[self.token_capture])
+        budget = RetryBudget(self.max_attempts, self.down_wait)
         retrying = AsyncRetrying(
             retry=retry_if_exception(self._worth_retrying),
-            stop=stop_after_attempt(self.max_attempts),
-            wait=wait_exponential_jitter(multiplier=1, max=30),
-            before_sleep=_log_retry,
+            stop=budget.stop,
+            wait=budget.wait,
+            before_sleep=budget.log,
             reraise=True,
         )
-        if self.token_capture == "llama_server" and self.token_in and not tools:
+        try:
+            if self.token_capture == "llama_server" and self.token_in and not tools:
+                async for attempt in retrying:
+                    with attempt:
+                        reply = await llama_server_token_in(self, body, context)
+                return reply
             async for attempt in retrying:
                 with attempt:
-                    reply = await llama_server_token_in(self, body, context)
-            return reply
-        async for attempt in retrying:
-            with attempt:
-                reply, data = await self._post(body)
+                    reply, data = await self._post(body)
+        except EndpointDownError as exc:
+            if budget.waited_s is None:
+                raise
+            raise EndpointDownError(f"{exc} (still down after waiting {budget.waited_s:.0f} s for it: "
+                                    "engine_down_wait)") from exc
         if self.token_capture:
             reply.token_source = self.token_capture
             try:
@@ -139,6 +151,8 @@ class ChatClient:
         except aiohttp.ClientError as exc:
             raise TransientLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         latency = time.monotonic() - started
+        if response.status_code == 503:  # llama-server answers 503 while it loads its model (a restart, too)
+            raise EndpointDownError(f"{self.base_url}: HTTP 503, not serving (yet): {response.text[:300]}")
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientLLMError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
@@ -185,7 +199,48 @@ async def check_endpoint(base_url: str, api_key: str | None = None, timeout: flo
         return []
 
 
-def _log_retry(state: RetryCallState) -> None:
-    """A retried request may have reached the server already (its answer lost on the way): say so in the log."""
-    exc = state.outcome.exception() if state.outcome else None
-    log.warning("llm_retry", attempt=state.attempt_number, error=redact(f"{type(exc).__name__}: {exc}"))
+class RetryBudget:
+    """When one call stops retrying, and how long it sleeps in between. A transient failure counts against
+    `max_attempts` (exponential backoff, up to 30 s). An endpoint that accepts no connection, with `down_wait` set,
+    does not: the call polls it (every 0.5 s, growing to 5 s) until it answers again or `down_wait` seconds have
+    passed since it went down, so a rollout outlives its engine's restart."""
+
+    def __init__(self, max_attempts: int, down_wait: float | None):
+        self.max_attempts, self.down_wait = max_attempts, down_wait
+        self.failures = 0  # transient failures other than "down"
+        self.down_since: float | None = None
+        self.down_polls = 0
+        self._backoff = wait_exponential_jitter(multiplier=1, max=30)
+
+    @property
+    def waited_s(self) -> float | None:
+        return None if self.down_since is None else time.monotonic() - self.down_since
+
+    def _waits_for_it(self, state: RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome else None
+        return self.down_wait is not None and isinstance(exc, EndpointDownError)
+
+    def stop(self, state: RetryCallState) -> bool:
+        if self._waits_for_it(state):
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            return time.monotonic() - self.down_since >= self.down_wait  # type: ignore[operator]
+        self.failures += 1
+        return self.failures >= self.max_attempts
+
+    def wait(self, state: RetryCallState) -> float:
+        if self._waits_for_it(state):
+            self.down_polls += 1
+            return min(5.0, 0.5 * 1.5 ** (self.down_polls - 1)) * random.uniform(0.8, 1.2)
+        return self._backoff(state)
+
+    def log(self, state: RetryCallState) -> None:
+        """A retried request may have reached the server already (its answer lost on the way): say so in the log.
+        Polls of a down endpoint are logged once per call, not every few seconds."""
+        exc = state.outcome.exception() if state.outcome else None
+        if self._waits_for_it(state):
+            if self.down_polls == 1:
+                log.warning("llm_waiting_for_endpoint", error=redact(f"{type(exc).__name__}: {exc}"),
+                            down_wait=self.down_wait)
+            return
+        log.warning("llm_retry", attempt=state.attempt_number, error=redact(f"{type(exc).__name__}: {exc}"))
