@@ -75,7 +75,7 @@ async def check(args: argparse.Namespace) -> bool:
     from distributed import Client, LocalCluster
 
     from uni_agent.engines.vllm import VllmServer
-    from uni_agent.placement import place_replicas, release_replicas
+    from uni_agent.engines.placement import place_replicas, release_replicas
 
     started = time.monotonic()
     async with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, asynchronous=True, host="127.0.0.1",

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from uni_agent.results import RESULT_SCHEMA, ResultStore  # noqa: E402
+from uni_agent.driver.results import RESULT_SCHEMA, ResultStore  # noqa: E402
 
 ADDED = ("mask_reason", "failure_kind", "failure_cause", "input_ids", "loss_mask", "logprobs", "token_source",
          "tokens_missing", "token_drift", "attempts")

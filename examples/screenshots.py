@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     from uni_agent import AgentConfigs, run
-    from uni_agent.dataset import read_rows
-    from uni_agent.report import write_report
+    from uni_agent.driver.dataset import read_rows
+    from uni_agent.reports.run_report import write_report
     from uni_agent.tasks.swe_form import convert
     from uni_agent.testing.scripted_llm import ScriptedLLM
 

@@ -57,7 +57,7 @@ def no_leftover_sandboxes(tmp_path_factory):
 @pytest.fixture(scope="session")
 def rows(tmp_path_factory):
     """Every bundled task as a dataset row in the seed schema."""
-    from uni_agent.dataset import read_rows
+    from uni_agent.driver.dataset import read_rows
     from uni_agent.tasks.swe_form import convert
 
     path = tmp_path_factory.mktemp("data") / "bundled.parquet"

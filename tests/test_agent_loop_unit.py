@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from conftest import AGENT_CONFIG, REPO_ROOT, assistant_turns
-from uni_agent.agent_loop import UniAgentLoop
+from uni_agent.episode.agent_loop import UniAgentLoop
 from uni_agent.config import deep_merge, validate_agent
-from uni_agent.exit_reason import ExitReason
+from uni_agent.episode.exit_reason import ExitReason
 from uni_agent.grading import Verification
 from uni_agent.llm import ChatClient
-from uni_agent.rollout import RolloutSpec
+from uni_agent.episode.rollout import RolloutSpec
 from uni_agent.sandbox import SandboxStartError
 from uni_agent.testing.fake_sandbox import Answer, FakeSandbox, opener
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message

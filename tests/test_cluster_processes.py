@@ -20,7 +20,7 @@ from distributed import Client, get_task_stream
 from conftest import AGENT_CONFIG, REPO_ROOT, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.engines.vllm import VllmServer
-from uni_agent.placement import LEASES_PLUGIN, PlacementError, _leases_call, place_replicas, release_replicas
+from uni_agent.engines.placement import LEASES_PLUGIN, PlacementError, _leases_call, place_replicas, release_replicas
 
 DASK = str(Path(sys.executable).parent / "dask")
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"

@@ -56,7 +56,7 @@ def test_shipped_local_config_loads_with_its_values() -> None:
     assert agents.source == str(EXAMPLE_CONFIG)
     agent = agents.validated["swe_agent"]
     assert agent.name == "swe_agent"
-    assert agent.target == "uni_agent.agent_loop.UniAgentLoop"
+    assert agent.target == "uni_agent.episode.agent_loop.UniAgentLoop"
     assert agent.concurrency == 8
     assert agent.log_dir is None
     assert agent.interaction.max_turns == 6
@@ -78,6 +78,18 @@ def test_shipped_local_config_loads_with_its_values() -> None:
     assert agent.reward.name is None
 
 
+@pytest.mark.parametrize("target", ["uni_agent.agent_loop.UniAgentLoop", "uni_agent.episode.agent_loop.UniAgentLoop"])
+def test_the_seeds_loop_path_and_the_packaged_one_name_the_same_loop(target: str) -> None:
+    """The seed's `_target_` (in users' YAML files) keeps working after the loop moved into uni_agent.episode; config
+    keeps one spelling, and the old module path still imports the same class."""
+    from uni_agent.agent_loop import UniAgentLoop as seed_loop
+    from uni_agent.episode.agent_loop import UniAgentLoop
+
+    agent = AgentConfigs({"a": {"name": "a", "_target_": target}}, "test").validated["a"]
+    assert agent.target == "uni_agent.episode.agent_loop.UniAgentLoop"
+    assert seed_loop is UniAgentLoop
+
+
 def test_single_mapping_is_one_agent(tmp_path: Path) -> None:
     path = write_agents(tmp_path, {"name": "solo", "interaction": {"max_turns": 2}})
     agents = AgentConfigs.load(path)
@@ -95,7 +107,7 @@ def test_single_mapping_is_one_agent(tmp_path: Path) -> None:
         (lambda a: a["tools"].append({"name": "rm_rf"}), "tools.3.name", "unknown tool 'rm_rf'"),
         (lambda a: a["env"]["deployment"].__setitem__("type", "kubernetes"), "env.deployment", "'kubernetes'"),
         (lambda a: a.__setitem__("_target_", "no_such_pkg_xyz.Loop"), "_target_", "cannot import"),
-        (lambda a: a.__setitem__("_target_", "uni_agent.agent_loop.NoSuchLoop"), "_target_", "NoSuchLoop"),
+        (lambda a: a.__setitem__("_target_", "uni_agent.episode.agent_loop.NoSuchLoop"), "_target_", "NoSuchLoop"),
         (lambda a: a["env"]["deployment"].__setitem__("workspace", "tmpfs"), "env.deployment.workspace",
          "'auto', 'overlay' or 'copy'"),
         (lambda a: a["interaction"].__setitem__("max_turns", 0), "interaction.max_turns", "greater than"),

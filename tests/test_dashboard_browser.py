@@ -22,7 +22,7 @@ from conftest import AGENT_CONFIG
 from test_dashboard_state import metric_deltas, metric_values
 from uni_agent import AgentConfigs, run
 from uni_agent.cli import main as cli_main
-from uni_agent.dataset import read_rows
+from uni_agent.driver.dataset import read_rows
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from uni_agent.config import AgentConfigs, ConfigError
-from uni_agent.dataset import build_specs, read_rows
+from uni_agent.driver.dataset import build_specs, read_rows
 from uni_agent.settings import REPO_ROOT
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 

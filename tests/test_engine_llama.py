@@ -36,7 +36,7 @@ from uni_agent.engines.llama_cpp import (
     server_command,
     servers_per_group,
 )
-from uni_agent.placement import PlacementError
+from uni_agent.engines.placement import PlacementError
 from uni_agent.tool_calls import tool_call_json_schema
 
 CPU_SERVER = find_binary("cpu")
@@ -241,7 +241,7 @@ def test_gpu_engine_without_gpus_is_refused(tmp_path, monkeypatch):
     from distributed import Client, LocalCluster
 
     from uni_agent import run
-    from uni_agent.placement import LEASES_PLUGIN
+    from uni_agent.engines.placement import LEASES_PLUGIN
 
     monkeypatch.setenv("UNI_AGENT_LLAMA_DIR", str(tmp_path / "llama"))
     binary_path("cuda").parent.mkdir(parents=True)

@@ -15,13 +15,13 @@ import pytest
 
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
-from uni_agent.failures import classify, infra
-from uni_agent.manifest import differences
-from uni_agent.report import render_report
-from uni_agent.results import ResultStore
-from uni_agent.rollout import RolloutResult
+from uni_agent.episode.failures import classify, infra
+from uni_agent.driver.manifest import differences
+from uni_agent.reports.run_report import render_report
+from uni_agent.driver.results import ResultStore
+from uni_agent.episode.rollout import RolloutResult
 from uni_agent.sandbox.local import sandbox_root
-from uni_agent.summary import summarize
+from uni_agent.driver.summary import summarize
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 from uni_agent.grading import Verification

@@ -139,13 +139,15 @@ def test_verify_patch_runs_as_a_coroutine_on_the_workers_event_loop(own_registry
 
 def test_validating_rows_loads_no_agent_runtime():
     """dataset.py checks rows against the grader registry without loading the agent loop, its model client, the
-    worker or the driver (checked in a fresh interpreter: this one has loaded everything already)."""
+    worker or the driver's cluster, pool and dispatch (checked in a fresh interpreter: this one has loaded everything
+    already)."""
     import subprocess
     import sys
 
-    code = "import sys, uni_agent.dataset; print(' '.join(m for m in sys.modules if m.startswith('uni_agent')))"
+    code = "import sys, uni_agent.driver.dataset; print(' '.join(m for m in sys.modules if m.startswith('uni_agent')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "uni_agent.grading.registry" in loaded
-    runtime = ("uni_agent.agent_loop", "uni_agent.conversation", "uni_agent.llm", "uni_agent.worker",
-               "uni_agent.runner", "uni_agent.driver")
+    runtime = ("uni_agent.episode.agent_loop", "uni_agent.episode.conversation", "uni_agent.episode.worker",
+               "uni_agent.llm", "uni_agent.runner", "uni_agent.driver.dispatch", "uni_agent.driver.pool",
+               "uni_agent.driver.cluster")
     assert not [m for m in loaded if m.startswith(runtime)], loaded

@@ -35,8 +35,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def test_no_import_circle_in_the_package() -> None:
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py") if "tasks/bundled" not in p.as_posix()
-             and "terminal_bench/tasks" not in p.as_posix()}
+    paths = package_modules()
     graph = {name: imports_of(path, set(paths)) for name, path in paths.items()}
     circles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -72,31 +71,75 @@ def test_the_check_sees_a_circle(tmp_path: Path) -> None:
         PACKAGE = saved
 
 
-# The layers, lowest first: a module may import its own layer and those below, never one above. (Modules not named
-# here, such as the bench, the CLI, the dashboard and the task sources, sit outside the chain and are not checked.)
-# The registries of names, and the tool-call formats (pure text parsing), sit with config, which validates names
-# against them; the tools themselves run commands in a sandbox and belong to the agent loop.
+# The layers, lowest first: a module may import its own layer and those below, never one above. Every module of the
+# package belongs to one (test_every_module_has_a_layer); a name covers the module or package it names and everything
+# under it, and the longest name that matches decides (`uni_agent.tools.registry` is config, the other tools are not).
+# The registries of names and the tool-call formats (pure text parsing) sit with config, which validates names against
+# them. The process boundaries show in the order: engines serve the episode over HTTP, the episode runs in an agent
+# worker, the driver runs the episodes; the test kit (uni_agent.testing) sits at the top, so no production module
+# imports a fake.
+ROOT = "uni_agent"
 LAYERS = [
-    ("config", ["uni_agent.config", "uni_agent.registry", "uni_agent.tool_calls", "uni_agent.tools.registry"]),
+    ("foundation", ["uni_agent.registry", "uni_agent.redact", "uni_agent.logs", "uni_agent.current_worker",
+                    "uni_agent.events"]),
+    ("config", ["uni_agent.config", "uni_agent.settings", "uni_agent.tool_calls", "uni_agent.tools.registry",
+                "uni_agent.engines.registry"]),
     ("sandbox", ["uni_agent.sandbox"]),
-    ("grading", ["uni_agent.grading"]),
-    ("agent loop", ["uni_agent.agent_loop", "uni_agent.conversation", "uni_agent.tools"]),
-    ("worker", ["uni_agent.worker"]),
-    ("driver", ["uni_agent.driver", "uni_agent.runner", "uni_agent.verify_run"]),
+    ("tools", ["uni_agent.tools"]),
+    ("llm", ["uni_agent.llm"]),
+    ("tasks and grading", ["uni_agent.grading", "uni_agent.swebench", "uni_agent.tasks", "uni_agent.terminal_bench"]),
+    ("engines", ["uni_agent.engines"]),
+    ("episode", ["uni_agent.episode", "uni_agent.agent_loop", "uni_agent.harness"]),
+    ("dashboard", ["uni_agent.dashboard"]),
+    ("driver", ["uni_agent.driver", "uni_agent.runner", "uni_agent.online", "uni_agent.training"]),
+    ("entry points", [ROOT, "uni_agent.cli", "uni_agent.scheduler_preload", "uni_agent.reports", "uni_agent.bench",
+                      "uni_agent.swebench.predictions", "uni_agent.testing"]),
 ]
 
 
 def layer_of(module: str) -> int | None:
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return index
-    return None
+    """The layer of the longest name in LAYERS that is `module` or a package above it (the root package only itself)."""
+    best: tuple[int, int] | None = None  # (length of the name, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            covers = module == name or (name != ROOT and module.startswith(name + "."))
+            if covers and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if "tasks/bundled" not in p.as_posix()
+            and "terminal_bench/tasks" not in p.as_posix()}
+
+
+def test_every_module_has_a_layer() -> None:
+    """A module no layer names would escape the check below: a new one must be placed."""
+    unplaced = sorted(name for name in package_modules() if layer_of(name) is None)
+    assert not unplaced, "modules in no layer (add them to LAYERS):\n" + "\n".join(unplaced)
+
+
+def test_the_coverage_check_sees_an_unplaced_module(tmp_path: Path) -> None:
+    (tmp_path / "uni_agent").mkdir()
+    (tmp_path / "uni_agent" / "__init__.py").write_text("")
+    (tmp_path / "uni_agent" / "config.py").write_text("")
+    (tmp_path / "uni_agent" / "stray.py").write_text("")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "uni_agent"
+    try:
+        try:
+            test_every_module_has_a_layer()
+        except AssertionError as exc:
+            assert "uni_agent.stray" in str(exc) and "uni_agent.config" not in str(exc), exc
+        else:
+            raise AssertionError("the unplaced module was not seen")
+    finally:
+        PACKAGE = saved
 
 
 def test_imports_run_one_way_through_the_layers() -> None:
-    """config → sandbox → grading → agent loop → worker → driver: nothing imports a layer above its own."""
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py") if "tasks/bundled" not in p.as_posix()
-             and "terminal_bench/tasks" not in p.as_posix()}
+    """foundation → config → … → episode → driver → entry points: nothing imports a layer above its own."""
+    paths = package_modules()
     upward = []
     for name, path in sorted(paths.items()):
         own = layer_of(name)

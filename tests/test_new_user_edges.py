@@ -21,7 +21,7 @@ from uni_agent.cli import build_parser, main
 from uni_agent.config import ConfigError
 from uni_agent import settings as settings_module
 from uni_agent.settings import RunSettings, load_settings
-from uni_agent.verify_run import verify_all
+from uni_agent.driver.verify import verify_all
 
 KEEP = ("UNI_AGENT_SANDBOX_ROOT", "UNI_AGENT_CACHE_DIR")
 
@@ -229,7 +229,7 @@ def test_verify_rejects_an_unknown_patch_kind(clean_env):
 
 
 def test_long_error_reason_is_cut_with_an_ellipsis():
-    from uni_agent.verify_run import MAX_REASON_CHARS, _reasons
+    from uni_agent.driver.verify import MAX_REASON_CHARS, _reasons
 
     results = pd.DataFrame([{"instance_id": "a", "bucket": "timeout_or_error", "status": "error", "error": "x" * 900},
                             {"instance_id": "b", "bucket": "timeout_or_error", "status": "timeout", "error": None},

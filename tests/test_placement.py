@@ -9,10 +9,10 @@ import yaml
 from conftest import REPO_ROOT
 from uni_agent.engines.vllm import VllmServer, vllm_command
 from uni_agent.llm import ChatClient, EndpointDownError, LLMError
-from uni_agent.placement import GpuLeases, GpuWorker, PlacementError, plan_replicas
+from uni_agent.engines.placement import GpuLeases, GpuWorker, PlacementError, plan_replicas
 from uni_agent.settings import RunSettings
 from uni_agent.testing.scripted_llm import ScriptedLLM
-from uni_agent.worker import Router
+from uni_agent.episode.worker import Router
 
 
 def W(address, gpus, host=None, visible=None, job=None):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from uni_agent.cli import main
-from uni_agent.results import ResultStore
-from uni_agent.rollout import RolloutResult
+from uni_agent.driver.results import ResultStore
+from uni_agent.episode.rollout import RolloutResult
 
 RUN_ID = "20260101-000000-abc123"
 MODEL = "org/model-x"

@@ -18,8 +18,8 @@ from tenacity import wait_exponential_jitter
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent.sandbox import start as sandbox_start
-from uni_agent.agent_loop import UniAgentLoop
-from uni_agent.dataset import build_specs
+from uni_agent.episode.agent_loop import UniAgentLoop
+from uni_agent.driver.dataset import build_specs
 from uni_agent.llm import ChatClient
 from uni_agent.sandbox import SandboxStartError
 from uni_agent.sandbox.local import LocalSandbox, sandbox_root

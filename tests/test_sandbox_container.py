@@ -22,7 +22,7 @@ import pytest
 from container_image import ImageUnavailable, ensure_image
 from test_sandbox_local import processes_with, wait_until_gone
 
-from uni_agent.agent_loop import start_sandbox
+from uni_agent.episode.agent_loop import start_sandbox
 from uni_agent.config import AgentConfigs, ContainerDeploymentConfig
 from uni_agent.sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
 from uni_agent.sandbox import session as session_module

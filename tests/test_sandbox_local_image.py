@@ -256,9 +256,9 @@ def test_terminal_bench_oracle_in_its_image_on_the_local_backend(base_image: str
     names the image podman built, and bubblewrap runs it. The workers use the default image cache."""
     from test_terminal_bench import preprocess
 
-    from uni_agent.dataset import read_rows
+    from uni_agent.driver.dataset import read_rows
     from uni_agent.terminal_bench.preprocess import BUNDLED_TASKS_DIR
-    from uni_agent.verify_run import verify_all
+    from uni_agent.driver.verify import verify_all
 
     tasks = tmp_path / "tasks"
     shutil.copytree(BUNDLED_TASKS_DIR / "use-installed-tool", tasks / "use-installed-tool")

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from uni_agent.agent_loop import start_sandbox
+from uni_agent.episode.agent_loop import start_sandbox
 from uni_agent.config import AgentConfig, AgentConfigs, ConfigError, ModalDeploymentConfig
 from uni_agent.sandbox import SandboxError, SandboxStartError, make_sandbox, read_file, write_file
 from uni_agent.sandbox import modal as modal_backend

@@ -11,7 +11,7 @@ import pandas as pd
 
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
-from uni_agent.dataset import read_rows
+from uni_agent.driver.dataset import read_rows
 from uni_agent.redact import redact, register_secret
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message

@@ -380,7 +380,7 @@ def test_parallel_gold_verification_buckets_and_resumes(tiny_task, tmp_path, das
     import pandas as pd
 
     from conftest import AGENT_CONFIG
-    from uni_agent.verify_run import verify_all
+    from uni_agent.driver.verify import verify_all
 
     rows = _rows(tiny_task, 3)
     rows[2]["extra_info"]["tools_kwargs"]["reward"]["metadata"]["patch"] = "not a diff\n"

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import AGENT_CONFIG, REPO_ROOT
 from uni_agent import AgentConfigs
-from uni_agent.dataset import build_specs, read_rows
+from uni_agent.driver.dataset import build_specs, read_rows
 from uni_agent.swebench.instances import METADATA_FIELDS
 from uni_agent.swebench.preprocess import build_rows, preprocess
 

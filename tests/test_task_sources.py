@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from uni_agent.config import AgentConfigs, ConfigError
-from uni_agent.dataset import build_specs, read_rows
+from uni_agent.driver.dataset import build_specs, read_rows
 from uni_agent.swebench import smith
 from uni_agent.swebench.instances import load_specs, read_instances
 from uni_agent.swebench.preprocess import build_rows, preprocess
@@ -217,7 +217,7 @@ def test_swe_smith_grader_in_a_bubblewrap_sandbox(answer, reward):
 def test_swe_smith_agent_starts_at_the_task_state():
     """The row's post_setup_cmd puts the bug in and removes the FAIL_TO_PASS test files, each committed (SWE-smith's
     branch tip): the agent sees the bug, not the failing tests, and its diff starts empty."""
-    from uni_agent.agent_loop import start_sandbox, workspace_patch
+    from uni_agent.episode.agent_loop import start_sandbox, workspace_patch
 
     agent = _agent_for(_smith_rows()[0])
 
@@ -496,7 +496,7 @@ def test_mixed_sources_verify_gold_in_one_dask_run(tmp_path, rebench_task, dask_
     """One real gold-check run (Dask LocalCluster, bubblewrap) over a file mixing a SWE-smith row, a SWE-rebench row,
     a repository task and a Verified row whose repository is not on this machine: the first three resolve with their
     own graders; the Verified one is an error of its own, and the run goes on."""
-    from uni_agent.verify_run import verify_all
+    from uni_agent.driver.verify import verify_all
 
     convert(SMITH_LIKE, tmp_path / "local.parquet")
     verified, _ = build_rows(read_instances(FIXTURES / "swebench" / "instances.jsonl"), "local")

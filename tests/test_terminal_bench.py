@@ -22,12 +22,12 @@ import pytest
 from conftest import AGENT_CONFIG, REPO_ROOT, assistant_turns
 from uni_agent import run
 from uni_agent.config import AgentConfigs, ConfigError
-from uni_agent.dataset import build_specs, read_rows
+from uni_agent.driver.dataset import build_specs, read_rows
 from uni_agent.terminal_bench import BUNDLED_TASKS_DIR
 from uni_agent.terminal_bench.dockerfile import parse_dockerfile
 from uni_agent.grading.terminal_bench import RewardFileError, read_reward
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
-from uni_agent.verify_run import verify_all
+from uni_agent.driver.verify import verify_all
 
 PREPROCESS = REPO_ROOT / "examples" / "data_preprocess" / "terminal_bench_v2.py"
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "terminal_bench"

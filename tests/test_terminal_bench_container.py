@@ -17,10 +17,10 @@ from test_terminal_bench import BUNDLED, check_agent_run, preprocess, terminal_a
 from conftest import REPO_ROOT, assistant_turns
 from uni_agent import run
 from uni_agent.config import AgentConfigs
-from uni_agent.dataset import read_rows
+from uni_agent.driver.dataset import read_rows
 from uni_agent.sandbox.container_reap import owner_id
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
-from uni_agent.verify_run import verify_all
+from uni_agent.driver.verify import verify_all
 
 PODMAN_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_podman.yaml"
 

@@ -1,4 +1,4 @@
-"""Token-exact trajectories: the training sequence (uni_agent.trajectory), token capture from the real llama.cpp
+"""Token-exact trajectories: the training sequence (uni_agent.episode.trajectory), token capture from the real llama.cpp
 server (llama-server with SmolLM2-135M-Instruct), loss masks and their Parquet columns.
 
 The vLLM protocol cannot run here (GPU only): its test answers with a ScriptedLLM (a real HTTP server) that sends the
@@ -20,7 +20,7 @@ from conftest import AGENT_CONFIG, REPO_ROOT
 from uni_agent import AgentConfigs, run
 from uni_agent.llm import ChatClient, token_capture_for
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
-from uni_agent.trajectory import TurnTokens, build_sequence
+from uni_agent.episode.trajectory import TurnTokens, build_sequence
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 
@@ -268,8 +268,8 @@ def test_run_writes_token_columns_and_masks_rollouts_that_did_not_submit(llama_s
 def test_parquet_size_script_measures_both_schemas_of_the_same_rows(tmp_path):
     import runpy
 
-    from uni_agent.results import ResultStore
-    from uni_agent.rollout import RolloutResult
+    from uni_agent.driver.results import ResultStore
+    from uni_agent.episode.rollout import RolloutResult
 
     store = ResultStore(tmp_path)
     for i in range(4):

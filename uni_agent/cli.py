@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify_run import verify_all
+    from .driver.verify import verify_all
 
     outcome = verify_all(settings=settings_from(args), patch=args.patch)
     print(json.dumps(outcome.summary, indent=2))
@@ -115,7 +115,7 @@ INFRA_OUTAGE_EXIT = 3  # distinct from 1 (an error before or during the run) and
 
 
 def _exit_status(summary: dict) -> int:
-    from .summary import infra_outage
+    from .driver.summary import infra_outage
 
     reason = infra_outage(summary)
     if reason is None:
@@ -156,7 +156,7 @@ def cmd_export_preds(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .reports.run_report import write_report
 
     path = write_report(args.output_dir, args.out, max_trajectories=args.max_trajectories)
     print(f"wrote {path}")

@@ -23,6 +23,9 @@ from .tool_calls.registry import TEXT_FORMATS
 from .tools.registry import TOOLS
 
 TOOL_NAMES = tuple(TOOLS.names())  # the default tool list: every built-in tool, in registry order
+LOOP_TARGET = "uni_agent.episode.agent_loop.UniAgentLoop"
+# The seed's spelling of the loop, in users' YAML files: the same class (uni_agent/agent_loop.py re-exports it).
+TARGET_ALIASES = {"uni_agent.agent_loop.UniAgentLoop": LOOP_TARGET}
 
 
 class ConfigError(ValueError):
@@ -238,7 +241,7 @@ class AgentConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str
-    target: str = Field(default="uni_agent.agent_loop.UniAgentLoop", alias="_target_")
+    target: str = Field(default=LOOP_TARGET, alias="_target_")
     concurrency: int = Field(default=64, ge=1)
     """In-flight rollouts for this agent, across all agent workers."""
     log_dir: str | None = None
@@ -253,6 +256,7 @@ class AgentConfig(StrictModel):
     @field_validator("target")
     @classmethod
     def _importable(cls, target: str) -> str:
+        target = TARGET_ALIASES.get(target, target)
         module_name, _, attr = target.rpartition(".")
         try:
             getattr(importlib.import_module(module_name), attr)

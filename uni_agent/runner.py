@@ -25,7 +25,7 @@ from distributed import Client
 
 from .config import AgentConfigs
 from .dashboard import UniAgentDashboard
-from .dataset import RowProblem
+from .driver.dataset import RowProblem
 from .driver.cluster import cluster_client, sandbox_workers, verification_placement
 from .driver.dispatch import AgentWorkersLost, Dispatcher
 from .driver.inputs import load_inputs
@@ -34,13 +34,13 @@ from .driver.pool import ActorPool
 from .engines import start_engines
 from .llm import token_capture_for
 from .logs import configure_logging
-from .manifest import RunManifest, engine_versions
+from .driver.manifest import RunManifest, engine_versions
 from .redact import register_secret
-from .results import ResultStore
-from .rollout import RolloutSpec
+from .driver.results import ResultStore
+from .episode.rollout import RolloutSpec
 from .settings import RunSettings, load_settings
-from .summary import summarize
-from .trajectory import capture_note
+from .driver.summary import summarize
+from .episode.trajectory import capture_note
 
 __all__ = ["AgentWorkersLost", "RunOutcome", "run", "run_async"]
 log = structlog.get_logger("uni_agent.runner")

@@ -34,7 +34,7 @@ def verify_swe(argv: list[str]) -> int:
 
     from uni_agent import AgentConfigs
     from uni_agent.driver.inputs import resolve_path
-    from uni_agent.verify_run import verify_all
+    from uni_agent.driver.verify import verify_all
 
     settings = settings_from(args)
     agents = AgentConfigs.load(resolve_path(settings.agent_config_path)).override_all(

@@ -23,7 +23,7 @@ TASK = "uni-agent__romanum-4"
 
 
 def bench_rows(out_dir: Path) -> list[dict[str, Any]]:
-    from ..dataset import read_rows
+    from ..driver.dataset import read_rows
     from ..tasks.swe_form import convert
 
     path = out_dir / "bundled.parquet"
@@ -153,7 +153,7 @@ def sandbox_start_alone(samples: int = 20) -> dict[str, float]:
 
     from ..config import LocalDeploymentConfig
     from ..sandbox.local import LocalSandbox
-    from ..worker import use_pidfd_child_watcher
+    from ..episode.worker import use_pidfd_child_watcher
 
     async def measure() -> list[float]:
         use_pidfd_child_watcher()

@@ -79,7 +79,7 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
     data = out / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
     agent = [{
-        "name": "sim", "_target_": "uni_agent.agent_loop.UniAgentLoop", "concurrency": in_flight,
+        "name": "sim", "_target_": "uni_agent.episode.agent_loop.UniAgentLoop", "concurrency": in_flight,
         "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_parser": "hermes",
                         "max_turns": options.turns + 1, "episode_timeout": 3600, "action_timeout": 60},
         "env": {"deployment": {"type": "memory", "command_s": options.command_s, "startup_timeout": 60}},

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from typing import Any
 
 from ..events import STATES, unbatch
-from ..exit_reason import migrate_exit_reason
+from ..episode.exit_reason import migrate_exit_reason
 from .records import WINDOW_S, Key, Rollout, RunState, Totals, count_since, push_recent
 
 TERMINAL = frozenset({"done", "failed"})

@@ -3,7 +3,7 @@
 `cluster_client` connects to a running scheduler (by address or scheduler file; SLURM jobs may still be queued, so it
 waits for workers) or starts a LocalCluster on this machine, and prints where to watch. Sandbox workers are those that
 declare a SANDBOX resource, else those that declare no GPUs; verification futures go there too. Where engine replicas
-run on the GPU workers is uni_agent.placement.
+run on the GPU workers is uni_agent.engines.placement.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ from typing import Any
 import structlog
 from distributed import Client
 
-from ..failures import classify
+from ..episode.failures import classify
 from ..redact import redact
-from ..results import ResultStore
-from ..rollout import RolloutResult, RolloutSpec
+from .results import ResultStore
+from ..episode.rollout import RolloutResult, RolloutSpec
 from ..settings import RunSettings
 from ..grading import Verification, verify_patch
 from .cluster import sandbox_workers

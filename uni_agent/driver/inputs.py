@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import AgentConfigs, ConfigError
-from ..dataset import RowProblem, build_specs, read_rows
-from ..rollout import RolloutSpec
+from .dataset import RowProblem, build_specs, read_rows
+from ..episode.rollout import RolloutSpec
 from ..settings import REPO_ROOT, RunSettings
 
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ..rollout import RolloutResult, RolloutSpec
+from ..episode.rollout import RolloutResult, RolloutSpec
 
 POLL_S = 2.0  # how long one collect call waits for a result before returning empty
 

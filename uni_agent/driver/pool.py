@@ -15,7 +15,7 @@ from distributed import Client
 
 from ..llm import token_capture_for
 from ..settings import RunSettings
-from ..worker import AgentWorker
+from ..episode.worker import AgentWorker
 from .cluster import live_workers
 from .policy import ACTOR_START_TIMEOUT
 

@@ -11,7 +11,7 @@ import structlog
 from distributed import Client
 
 from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, rollout_event
-from ..rollout import RolloutResult, RolloutSpec
+from ..episode.rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.driver")
 QUEUED_PER_MESSAGE = 1000  # `queued` events sent in one message (one round trip to the scheduler each)

@@ -9,8 +9,9 @@ by another rollout is saved to a bounded RAM cache first (--cache-ram) and resto
 
 On the CPU (engine_device cpu, or auto with no GPU worker) the replicas run on any workers with the portable AVX2
 build. On GPUs (gpu, or auto when a worker declares the GPU resource) each GPU group is placed like a vLLM replica
-(uni_agent.placement: nnodes x n_gpus_per_node / tp groups, leased) and runs engine_replicas servers of the CUDA build
-with every layer offloaded, seeing only its devices through CUDA_VISIBLE_DEVICES. The builds are made by uni_agent.engines.llama_build.
+(uni_agent.engines.placement: nnodes x n_gpus_per_node / tp groups, leased) and runs engine_replicas servers of the
+CUDA build with every layer offloaded, seeing only its devices through CUDA_VISIBLE_DEVICES. The builds are made by
+uni_agent.engines.llama_build.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from ..placement import gpu_workers, place_replicas, release_replicas
+from .placement import gpu_workers, place_replicas, release_replicas
 from ..settings import RunSettings
 from . import Engines
 from .llama_build import SOURCE_VERSION, binary_path, find_binary

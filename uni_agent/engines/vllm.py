@@ -1,7 +1,7 @@
 """The GPU engine: `vllm serve` as a subprocess owned by a Dask actor on a GPU worker, one actor per replica.
 
-Placement (uni_agent.placement) decides each replica's worker and devices; the actor is pinned to that worker and
-the server sees exactly those devices through CUDA_VISIBLE_DEVICES. vLLM is an optional extra (`pip install
+Placement (uni_agent.engines.placement) decides each replica's worker and devices; the actor is pinned to that worker
+and the server sees exactly those devices through CUDA_VISIBLE_DEVICES. vLLM is an optional extra (`pip install
 'uni-agent[vllm]'` on the GPU nodes); `vllm_executable` may name another launcher, e.g. a container.
 
 A server that exits after it was ready is a crash: it is logged with the tail of its log and, when
@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 
 from ..current_worker import worker_address
-from ..placement import place_replicas, release_replicas
+from .placement import place_replicas, release_replicas
 from ..settings import RunSettings
 from . import Engines
 from .server import ServerActor, _die_with_parent, free_port, worker_host

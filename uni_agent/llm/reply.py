@@ -6,7 +6,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..trajectory import TurnTokens
+
+@dataclass
+class TurnTokens:
+    """One model call: the prompt ids the engine saw, the ids it sampled and their logprobs (same length)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs")
 
 
 class LLMError(RuntimeError):

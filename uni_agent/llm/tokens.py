@@ -11,8 +11,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from ..trajectory import TurnTokens
-from .reply import ChatReply, ContextLimitError, HttpAnswer, TokenContext, TransientLLMError, answer_json
+from .reply import ChatReply, ContextLimitError, HttpAnswer, TokenContext, TransientLLMError, TurnTokens, answer_json
 
 # How each engine gives a chat call's tokens (request fields looked up in the pinned versions' sources):
 # - vllm (0.33): `return_token_ids` adds the top-level `prompt_token_ids` and the choice's `token_ids`; `logprobs`

@@ -28,7 +28,7 @@ COMPLETED_STATUSES = ("resolved", "unresolved")
 
 
 def _read_results(output_dir: Path) -> pd.DataFrame:
-    from ..results import RESULT_SCHEMA
+    from ..driver.results import RESULT_SCHEMA
 
     results_dir = output_dir / "results"
     files = sorted(results_dir.glob("part-*.parquet")) if results_dir.is_dir() else []

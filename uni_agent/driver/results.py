@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .exit_reason import OLD_EXIT_REASONS, migrate_exit_reason
-from .rollout import TOKEN_COLUMNS, RolloutResult
+from ..episode.exit_reason import OLD_EXIT_REASONS, migrate_exit_reason
+from ..episode.rollout import TOKEN_COLUMNS, RolloutResult
 
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
                 "str | None": pa.string()}
@@ -85,7 +85,7 @@ class ResultStore:
         files = self._files()
         if not files:
             return pd.DataFrame({f.name: pd.Series(dtype=object) for f in RESULT_SCHEMA}).loc[:, columns or slice(None)]
-        # an old exit reason's new name depends on the row's error text (uni_agent.exit_reason)
+        # an old exit reason's new name depends on the row's error text (uni_agent.episode.exit_reason)
         needs = ["error"] if columns is not None and "exit_reason" in columns else []
         wanted = None if columns is None else list(dict.fromkeys([*columns, *KEY, "attempts", *needs]))
         frame = pa.concat_tables(pq.read_table(f, columns=wanted, schema=RESULT_SCHEMA) for f in files).to_pandas()
@@ -125,8 +125,8 @@ class ResultStore:
 
 
 def migrate_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with the exit reasons older versions wrote renamed to today's (uni_agent.exit_reason), in exit_reason
-    and in the failure_cause that repeats it: a copy when it held any, else `frame` itself."""
+    """`frame` with the exit reasons older versions wrote renamed to today's (uni_agent.episode.exit_reason), in
+    exit_reason and in the failure_cause that repeats it: a copy when it held any, else `frame` itself."""
     if "exit_reason" not in frame or not frame["exit_reason"].isin(OLD_EXIT_REASONS).any():
         return frame
     errors = frame["error"] if "error" in frame else pd.Series(None, index=frame.index, dtype=object)

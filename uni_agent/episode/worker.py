@@ -19,12 +19,12 @@ from typing import Any
 
 import structlog
 
-from .current_worker import worker_address
-from .events import worker_emitter
-from .grading import grade_in_sandbox
-from .llm import ChatClient, ChatReply, EndpointDownError, LLMError
-from .logs import configure_logging
-from .redact import register_secret
+from ..current_worker import worker_address
+from ..events import worker_emitter
+from ..grading import grade_in_sandbox
+from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
+from ..logs import configure_logging
+from ..redact import register_secret
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")

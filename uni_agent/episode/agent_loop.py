@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from .config import AgentConfig
+from ..config import AgentConfig
 from .conversation import Conversation
-from .events import Emit, no_emit, rollout_event
+from ..events import Emit, no_emit, rollout_event
 from .exit_reason import ExitReason
 from .failures import classify, infra
-from .llm import ChatReply, ContextLimitError, LLMError, TokenContext
-from .redact import redact
+from ..llm import ChatReply, ContextLimitError, LLMError, TokenContext
+from ..redact import redact
 from .rollout import RolloutResult, RolloutSpec
-from .sandbox import Sandbox, SandboxError
-from .sandbox.start import start_sandbox, workspace_patch
-from .tool_calls import (
+from ..sandbox import Sandbox, SandboxError
+from ..sandbox.start import start_sandbox, workspace_patch
+from ..tool_calls import (
     ToolCall,
     ToolCallFormatError,
     decoding_schema,
@@ -36,11 +36,11 @@ from .tool_calls import (
     parse_text,
     tool_format_instructions,
 )
-from .tools.toolbox import Toolbox
+from ..tools.toolbox import Toolbox
 from .trajectory import TokenLog
 
 if TYPE_CHECKING:
-    from .grading.verification import Verification
+    from ..grading.verification import Verification
 
 log = structlog.get_logger("uni_agent.agent")
 
@@ -235,7 +235,7 @@ class UniAgentLoop:
         return parsed.calls, False
 
     def _record_tokens(self, result: RolloutResult) -> None:
-        """The rollout's training sequence (uni_agent.trajectory) and its mask."""
+        """The rollout's training sequence (uni_agent.episode.trajectory) and its mask."""
         self._tokens.fill(result)
         if self.agent.mask_abnormal_exit_traj and result.exit_reason != ExitReason.SUBMITTED:
             # the seed's meaning: a rollout that did not end with `submit` is not trained on

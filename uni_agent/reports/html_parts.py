@@ -1,6 +1,6 @@
-"""The HTML pieces of `uni-agent report` (uni_agent.report): the page's head and style, the headline tiles, the
-tables, the turns histogram (inline SVG), the time breakdown and the rendered trajectories. Each takes the rows
-report.py prepared and returns HTML text; nothing here reads files."""
+"""The HTML pieces of `uni-agent report` (uni_agent.reports.run_report): the page's head and style, the headline
+tiles, the tables, the turns histogram (inline SVG), the time breakdown and the rendered trajectories. Each takes the
+rows run_report prepared and returns HTML text; nothing here reads files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from .exit_reason import ExitReason
+from ..episode.exit_reason import ExitReason
 
 TIMINGS = (("sandbox_start_s", "sandbox start"), ("llm_s", "LLM"), ("tools_s", "tools"), ("verify_s", "verification"),
            ("total_s", "episode total"))

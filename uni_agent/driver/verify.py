@@ -22,12 +22,12 @@ from typing import Any, get_args
 import pandas as pd
 from distributed import as_completed
 
-from .config import ConfigError
-from .driver.cluster import cluster_client, sandbox_workers, verification_placement
-from .driver.inputs import load_inputs
-from .runner import RunOutcome
-from .settings import RunSettings, load_settings
-from .grading import ReferenceKind, Verification, verify_reference
+from ..config import ConfigError
+from .cluster import cluster_client, sandbox_workers, verification_placement
+from .inputs import load_inputs
+from ..runner import RunOutcome
+from ..settings import RunSettings, load_settings
+from ..grading import ReferenceKind, Verification, verify_reference
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet

@@ -5,7 +5,7 @@ apart (an outage is not a model result), pass@k, a turns histogram (inline SVG),
 reasons, the time breakdown, and the slowest and failing rollouts linked to their trajectories, which are rendered
 in the same file. No scripts or styles from elsewhere: the file opens offline and can be mailed around.
 
-This module reads the results and works out the numbers; report_html.py writes the HTML pieces.
+This module reads the results and works out the numbers; html_parts.py writes the HTML pieces.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .config import ConfigError
-from .exit_reason import ExitReason
-from .report_html import (
+from ..config import ConfigError
+from ..episode.exit_reason import ExitReason
+from .html_parts import (
     MAX_CONTENT_CHARS,
     PAGE_FOOT,
     anchor,
@@ -34,8 +34,8 @@ from .report_html import (
     trajectory,
     turns_svg,
 )
-from .results import ResultStore, migrate_rows
-from .summary import pass_at_k
+from ..driver.results import ResultStore, migrate_rows
+from ..driver.summary import pass_at_k
 
 def write_report(output_dir: str | Path, out: str | Path | None = None, *, max_trajectories: int = 150,
                  slowest: int = 10, failing: int = 50) -> Path:

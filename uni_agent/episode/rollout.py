@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import AgentConfig
+from ..config import AgentConfig
 from .exit_reason import ExitReason
 
 if TYPE_CHECKING:
-    from .grading.verification import Verification
+    from ..grading.verification import Verification
 
-# Whose failure a row is (uni_agent.failures): none (resolved), the model's, or the infrastructure's.
+# Whose failure a row is (uni_agent.episode.failures): none (resolved), the model's, or the infrastructure's.
 FAILURE_KINDS: tuple[str, ...] = ("none", "model", "infra")
 # Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
 TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32"}
@@ -47,7 +47,7 @@ class RolloutResult:
     resolved: bool = False
     masked: bool = False  # mask_abnormal_exit_traj: the trajectory should not be trained on (loss_mask all 0)
     mask_reason: str | None = None  # why `masked` (or why loss_mask is empty)
-    failure_kind: str = "none"  # none | model | infra (uni_agent.failures)
+    failure_kind: str = "none"  # none | model | infra (uni_agent.episode.failures)
     failure_cause: str | None = None  # e.g. "max_turns", "unresolved", "sandbox: SandboxStartError: ..."
     num_turns: int = 0
     prompt_tokens: int = 0
@@ -62,8 +62,8 @@ class RolloutResult:
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
-    # The training sequence (uni_agent.trajectory): every model call's prompt and completion tokens as the engine
-    # reported them, 1 in loss_mask on sampled tokens, each sampled token's logprob (0 elsewhere). Empty when the
+    # The training sequence (uni_agent.episode.trajectory): every model call's prompt and completion tokens as the
+    # engine reported them, 1 in loss_mask on sampled tokens, each sampled token's logprob (0 elsewhere). Empty when the
     # engine gave no token ids (token_source says which engine protocol filled them).
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)

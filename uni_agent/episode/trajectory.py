@@ -19,21 +19,10 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..llm.reply import TurnTokens
+
 if TYPE_CHECKING:
     from .rollout import RolloutResult
-
-
-@dataclass
-class TurnTokens:
-    """One model call: the prompt ids the engine saw, the ids it sampled and their logprobs (same length)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-
-    def __post_init__(self) -> None:
-        if len(self.completion_ids) != len(self.logprobs):
-            raise ValueError(f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs")
 
 
 @dataclass

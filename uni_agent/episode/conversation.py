@@ -10,8 +10,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .llm import ChatReply
-    from .tool_calls import ToolCall
+    from ..llm import ChatReply
+    from ..tool_calls import ToolCall
 
 NO_TOOL_CALL_HINT = (
     "Your reply contained no tool call. Every reply must call exactly one of the tools "
@@ -38,7 +38,7 @@ class Conversation:
 
     def add_reply(self, reply: ChatReply) -> None:
         # What the model sampled, verbatim where the engine gives it (a server's chat parser may trim it): the next
-        # prompt then continues the tokens of this one (uni_agent.trajectory).
+        # prompt then continues the tokens of this one (uni_agent.episode.trajectory).
         said = reply.raw_text if reply.raw_text is not None and not reply.tool_calls else reply.content
         assistant: dict[str, Any] = {"role": "assistant", "content": said}
         if reply.tool_calls:

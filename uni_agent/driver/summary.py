@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from .exit_reason import EXIT_REASONS
+from ..episode.exit_reason import EXIT_REASONS
 from .results import migrate_rows
-from .rollout import FAILURE_KINDS
+from ..episode.rollout import FAILURE_KINDS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

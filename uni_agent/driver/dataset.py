@@ -10,9 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import AgentConfigs, ConfigError
-from .rollout import RolloutSpec
-from .grading import check_reward_config
+from ..config import AgentConfigs, ConfigError
+from ..episode.rollout import RolloutSpec
+from ..grading import check_reward_config
 
 REQUIRED_COLUMNS = ("prompt", "agent_name", "extra_info")
 

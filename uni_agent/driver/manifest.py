@@ -24,8 +24,8 @@ from typing import Any
 
 import structlog
 
-from .redact import redact
-from .settings import REPO_ROOT, RunSettings
+from ..redact import redact
+from ..settings import REPO_ROOT, RunSettings
 
 log = structlog.get_logger("uni_agent.manifest")
 
@@ -125,7 +125,7 @@ def model_info(settings: RunSettings) -> dict[str, Any]:
     path_text = settings.model_path
     if path_text is None and settings.engine == "llama_cpp":
         with contextlib.suppress(Exception):
-            from .engines.llama_cpp import default_model_path
+            from ..engines.llama_cpp import default_model_path
 
             path_text = default_model_path()
     if path_text is None:
@@ -175,7 +175,7 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     with contextlib.suppress(ImportError):  # llama-server reports no version of its own (built from an sdist)
-        from .engines.llama_build import SOURCE_PACKAGE, SOURCE_VERSION
+        from ..engines.llama_build import SOURCE_PACKAGE, SOURCE_VERSION
 
         found["llama-server"] = f"built from the llama.cpp vendored in {SOURCE_PACKAGE} {SOURCE_VERSION}"
     return found
