@@ -57,7 +57,7 @@ def ensure_private_dir(path: Path, *, parents: bool, setting: str = "") -> Path:
         os.mkdir(path, 0o700)  # does not follow a symlink in the last component: EEXIST
     except FileExistsError:
         pass
-    way_out = f" (choose another with {setting})" if setting else ""
+    way_out = f" (set {setting} to use another)" if setting else ""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -79,7 +79,7 @@ def check_private(fd: int, path: Path, way_out: str = "") -> None:
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o022:
         raise UnsafeDirectory(f"sandbox directory {path} is writable by group or others (mode {mode:04o}): someone "
-                              f"else may have put entries in it; remove it or choose another{way_out}")
+                              f"else may have put entries in it; remove it{way_out}")
     if mode & 0o077:
         os.fchmod(fd, mode & 0o700)
         log.warning("sandbox_dir_tightened", path=str(path), mode_was=f"{mode:04o}", mode="0700")

@@ -56,7 +56,10 @@ def pids_cgroup_parent() -> Path | None:
             continue
         if usable:
             return parent
-    log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
+    if os.geteuid() == 0:
+        log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
+    else:  # the usual case for an ordinary user, and `ulimit -u` binds one
+        log.info("no_pids_cgroup", detail="local sandboxes cap their processes with `ulimit -u`")
     return None
 
 
