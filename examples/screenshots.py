@@ -1,4 +1,4 @@
-"""Run a short job and save pictures of the live page and of the report for the README:
+"""Run a short job and save pictures of the live page and of the report for docs/outputs.md:
 docs/dashboard.png (mid-run), docs/dashboard-rollout.png (a rollout's detail view) and docs/report.png.
 
     .venv/bin/python examples/screenshots.py [--out-dir docs] [--run-dir outputs/screenshots]

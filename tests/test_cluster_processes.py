@@ -4,7 +4,7 @@ command line, one GPU worker (`--resources GPU=2`) and one sandbox worker (`--re
 The engine is tests/fake_vllm.py, run through a `vllm` executable on the workers' PATH: A STAND-IN FOR vLLM, which
 needs a GPU and cannot be installed here. Everything around it is real: placement, the GPU leases on the scheduler,
 the engine actors and their subprocesses, readiness, the router, agent actors, bubblewrap sandboxes, verification.
-The same actor launch path with a real model is tests/test_e2e_llm.py (llama.cpp); the GPU run is in the README.
+The same actor launch path with a real model is tests/test_e2e_llm.py (llama.cpp); the GPU run is in docs/engines.md.
 """
 
 import json

@@ -13,7 +13,7 @@ outside the markers, that lack the end marker, and that carry the harness's patc
   on Dask with resume.
 
 Real SWE-bench images cannot run here (no Docker Hub, no registry access): a user with access checks the same flow
-with examples/agent_interaction/parallel_verify_swe.py on podman/docker/Modal (see the README).
+with examples/agent_interaction/parallel_verify_swe.py on podman/docker/Modal (see docs/datasets.md).
 """
 
 import asyncio

@@ -229,7 +229,7 @@ def test_the_cli_subcommand_is_the_same_command(tmp_path):
                                                 ("docker", "agent_config_podman.yaml"),
                                                 ("modal", "agent_config_modal.yaml")])
 def test_rows_validate_against_the_backend_agent_configs(tmp_path, deployment, config):
-    """What the README tells users to run: preprocessed rows with the example agent config of their backend."""
+    """What docs/datasets.md tells users to run: preprocessed rows with the example agent config of their backend."""
     yaml_path = REPO_ROOT / "examples" / "agent_interaction" / config
     assert yaml_path.exists(), f"{config} is missing from examples/agent_interaction"
     path, _, _ = preprocess(tmp_path, FIXTURES / "instances.jsonl", deployment)
