@@ -324,3 +324,37 @@ def test_without_subordinate_ids_an_image_runs_as_root_and_a_user_image_is_a_cle
     kind, message = found["error"]
     assert kind == "SandboxError"  # not SandboxStartError: a retry cannot help
     assert "User 1234:1234" in message and "subordinate ids" in message and "uidmap" in message
+
+
+def test_a_rootless_repo_sandbox_is_an_overlay_too(users: tuple[User, User]) -> None:
+    """The host-root sandbox (no image): the task repo copy-on-write at /testbed, not copied; the patch as usual."""
+    found = run_json(users[1], f"""
+        import asyncio, json
+        from uni_agent.config import LocalDeploymentConfig
+        from uni_agent.sandbox import make_sandbox
+        from uni_agent.sandbox.start import workspace_patch
+
+        async def main():
+            async with make_sandbox(LocalDeploymentConfig(repo={TASK!r}), {{}}, "repo") as box:
+                found = {{"overlay": box.use_overlay}}
+                found["inside"] = (await box.exec("id -u; echo $HOME; grep -c ' /testbed .* - overlay ' "
+                                                  "/proc/self/mountinfo; echo change >> README.md", 30)).output.split()
+                found["patch"] = await workspace_patch(box)
+            print(json.dumps(found))
+
+        asyncio.run(main())
+    """)
+    assert found["overlay"] is True and found["inside"] == ["0", "/root", "1"]
+    assert "+change" in found["patch"]
+
+
+def test_as_root_an_image_without_run_runs_as_its_user(images: dict[str, str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """bwrap made the missing /run for the state dir mode 0700, closed to the image's User: it failed as root too."""
+    monkeypatch.setenv("UNI_AGENT_IMAGE_CACHE", str(tmp_path / "cache"))
+
+    async def main() -> list[str]:
+        async with make_sandbox(LocalDeploymentConfig(image=images["user"]), {}, "norun") as box:
+            return (await box.exec("id -u; stat -c %a /run; stat -c %u:%g /opt/owned", 30)).output.split()
+
+    assert asyncio.run(main()) == ["1234", "755", "1234:2345"]
