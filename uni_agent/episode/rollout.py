@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 # Whose failure a row is (uni_agent.episode.failures): none (resolved), the model's, or the infrastructure's.
 FAILURE_KINDS: tuple[str, ...] = ("none", "model", "infra")
 # Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
-TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32"}
+TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32",
+                                 "token_versions": "int32"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,16 @@ class RolloutResult:
     token_source: str = ""  # llama_server | vllm | "" (none asked for)
     tokens_missing: str | None = None  # why the token columns are empty although token_source was asked for
     token_drift: str | None = None  # JSON: the turn whose prompt did not continue the sequence, and where
+    # Policy versions (uni_agent.online): the version of the weights that sampled each token (-1 on tokens no model
+    # sampled; aligned with input_ids), the least and greatest of them (-1: none), the trainer's step and the version
+    # it asked for. A plain run is step 0 on version 0.
+    token_versions: list[int] = field(default_factory=list)
+    version_min: int = -1
+    version_max: int = -1
+    step: int = 0
+    policy_version: int = 0
+    staleness_action: str | None = None  # max_staleness: masked | restarted (uni_agent.online.staleness)
+    stale_restarts: int = 0  # runs of this rollout dropped as too stale before this one
     attempts: str = "[]"  # JSON: earlier attempts of this rollout replaced by --retry-errors (oldest first)
 
     @property

@@ -30,6 +30,7 @@ class Sequence:
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version that sampled each token, -1 if none did
     drift: dict | None = None  # {"turn": k, "position": i, "expected": id | None, "got": id | None}
 
     def drift_json(self) -> str | None:
@@ -47,16 +48,18 @@ def build_sequence(turns: list[TurnTokens]) -> Sequence:
                 seq.drift = {"turn": number, "position": position,
                              "expected": seq.input_ids[position] if position < start else None,
                              "got": prompt[position] if position < len(prompt) else None}
-            del seq.input_ids[position:], seq.loss_mask[position:], seq.logprobs[position:]
+            del seq.input_ids[position:], seq.loss_mask[position:], seq.logprobs[position:], seq.versions[position:]
             start = position
         tail = prompt[start:]
         seq.input_ids += tail
         seq.loss_mask += [0] * len(tail)
         seq.logprobs += [0.0] * len(tail)
+        seq.versions += [-1] * len(tail)
         trained = 0 if seq.drift else 1
         seq.input_ids += turn.completion_ids
         seq.loss_mask += [trained] * len(turn.completion_ids)
         seq.logprobs += list(turn.logprobs)
+        seq.versions += [turn.version] * len(turn.completion_ids)
     return seq
 
 
@@ -85,6 +88,10 @@ class TokenLog:
             seq = build_sequence(self.turns)
             result.input_ids, result.loss_mask, result.logprobs = seq.input_ids, seq.loss_mask, seq.logprobs
             result.token_drift = seq.drift_json()
+            result.token_versions = seq.versions
+            sampled = [v for v in seq.versions if v >= 0]
+            if sampled:
+                result.version_min, result.version_max = min(sampled), max(sampled)
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

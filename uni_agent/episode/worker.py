@@ -25,6 +25,7 @@ from ..grading import grade_in_sandbox
 from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
+from .replica_versions import ReplicaVersions
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
@@ -49,7 +50,7 @@ class AgentWorker:
         # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
         self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
         self._finished_event = asyncio.Event()
-        self._running: set[asyncio.Task] = set()
+        self._running: dict[tuple[str, int], asyncio.Task] = {}  # rollout key -> its task
         self._last_collect = time.monotonic()
         self._watch: asyncio.Task | None = None
 
@@ -74,8 +75,9 @@ class AgentWorker:
             self._watch = asyncio.ensure_future(self._cancel_orphans())
         for spec in specs:
             task = asyncio.ensure_future(self._run_to_collect(spec))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._running[spec.key] = task
+            task.add_done_callback(lambda t, key=spec.key: self._running.pop(key, None) if self._running.get(key)
+                                   is t else None)
         return len(specs)
 
     async def _run_to_collect(self, spec: RolloutSpec) -> None:
@@ -94,7 +96,7 @@ class AgentWorker:
             await asyncio.sleep(ORPHAN_AFTER_S / 4)
             if self._running and time.monotonic() - self._last_collect > ORPHAN_AFTER_S:
                 log.warning("driver_gone", cancelled=len(self._running), seconds=ORPHAN_AFTER_S)
-                for task in list(self._running):
+                for task in list(self._running.values()):
                     task.cancel()
                 self._finished.clear()
 
@@ -108,10 +110,35 @@ class AgentWorker:
         finished, self._finished = self._finished, []
         return finished
 
+    async def cancel_rollouts(self, keys: list[tuple[str, int]]) -> int:
+        """Cancel those of these rollouts that run here (their sandboxes close first); returns how many did."""
+        tasks = [self._running[k] for k in ((str(a), int(b)) for a, b in keys) if k in self._running]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(tasks)
+
+    async def pause_replica(self, url: str, drain_timeout: float) -> int:
+        """No new model calls to this replica (its weights are about to switch); waits up to drain_timeout s for
+        those in flight and returns how many still run (uni_agent.episode.replica_versions)."""
+        return await self.router.versions.pause(url, drain_timeout)
+
+    async def resume_replica(self, url: str, version: int, model: str | None = None) -> None:
+        """The replica serves `version` (under the served name `model`, when given): calls go on."""
+        if model:
+            self.clients[url].model = model
+        self.router.versions.resume(url, version)
+
+    async def replica_load(self) -> dict[str, dict[str, Any]]:
+        v = self.router.versions
+        return {url: {"rollouts": self.router.load[url], "calls": v.calls[url], "paused": v.paused(url),
+                      "version": v.version[url]} for url in self.clients}
+
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        for task in list(self._running):  # rollouts whose driver is gone: their sandboxes close on cancellation
+        for task in list(self._running.values()):  # rollouts whose driver is gone: their sandboxes close on cancellation
             task.cancel()
         for client in self.clients.values():
             await client.aclose()
@@ -128,11 +155,14 @@ class Router:
         self.down_until: dict[str, float] = {}
         self.down_for, self.give_up_after = down_for, give_up_after
         self.failovers = 0
+        self.versions = ReplicaVersions(list(clients))  # the policy version each replica serves (uni_agent.online)
 
     def pick(self) -> str:
-        """The least-loaded replica not marked down; when all are, the one whose mark ends first."""
+        """The least-loaded replica not marked down (and not switching weights, when one is not); when all are down,
+        the one whose mark ends first."""
         now = time.monotonic()
         live = [u for u in self.clients if self.down_until.get(u, 0) <= now]
+        live = [u for u in live if not self.versions.paused(u)] or live
         if live:
             return min(live, key=self.load.__getitem__)
         return min(self.clients, key=self.down_until.__getitem__)
@@ -159,11 +189,16 @@ class RolloutSession:
 
     async def chat(self, *args: Any, **kwargs: Any) -> ChatReply:
         deadline = time.monotonic() + self.router.give_up_after
+        versions = self.router.versions
         while True:
+            await versions.wait_open(self.url)  # its replica is switching weights: wait for it (sticky)
+            called, call = self.url, versions.begin(self.url)
             try:
-                return await self.router.clients[self.url].chat(*args, **kwargs)
-            except EndpointDownError as exc:
-                if len(self.router.clients) == 1:
+                reply = await self.router.clients[called].chat(*args, **kwargs)
+            except LLMError as exc:
+                if versions.switched(called, call):
+                    continue  # cut off by a switch of weights: made again on the new ones
+                if not isinstance(exc, EndpointDownError) or len(self.router.clients) == 1:
                     raise
                 if time.monotonic() > deadline:
                     raise LLMError(f"every engine replica is down ({', '.join(self.router.clients)}); "
@@ -177,6 +212,14 @@ class RolloutSession:
                 if url != previous:
                     self.router.failovers += 1
                     log.warning("replica_failover", url_from=previous, url_to=url, error=str(exc))
+                continue
+            finally:
+                versions.end(called)
+            if versions.switched(called, call):
+                continue  # answered while its replica switched weights: which weights sampled it is unknown
+            if reply.tokens is not None:
+                reply.tokens.version = call.version
+            return reply
 
     def close(self) -> None:
         self.router.load[self.url] -= 1

@@ -14,6 +14,7 @@ class TurnTokens:
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
+    version: int = 0  # the policy version of the weights that sampled completion_ids (uni_agent.online)
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
