@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -47,6 +48,9 @@ class Dispatcher:
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
         self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each
         self._replacing = asyncio.Lock()  # many rollouts notice the same loss at once: replace once
+        # After each run of a rollout, before it is verified and recorded: True runs it again (the online service's
+        # staleness bound, uni_agent.online.service); it may also fill in the row (step, versions, masking).
+        self.review: Callable[[RolloutSpec, RolloutResult], bool] | None = None
 
     async def start_actors(self, workers: list[str]) -> None:
         for worker in self.policy.initial_workers(workers):
@@ -57,7 +61,7 @@ class Dispatcher:
         self.progress.start(len(todo))
         await self.events.queued(todo)
         try:
-            await asyncio.gather(*(self._one(spec) for spec in todo))
+            await asyncio.gather(*(self.run_one(spec) for spec in todo))
         finally:
             self.progress.close()
             await self.mailboxes.close()
@@ -67,7 +71,8 @@ class Dispatcher:
                 f" s: {len(self.not_run)} of {len(todo)} rollouts did not finish and are not recorded; rerun with the "
                 "same output dir to run them")
 
-    async def _one(self, spec: RolloutSpec) -> None:
+    async def run_one(self, spec: RolloutSpec) -> RolloutResult | None:
+        """One rollout: run (again while `review` asks), verified, recorded; None when no agent worker was left."""
         limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
         async with limit:
             self.progress.started()
@@ -75,11 +80,13 @@ class Dispatcher:
                 spec = dataclasses.replace(spec, grade_in_sandbox=True)
             try:
                 result = await self._rollout(spec)
+                while self.review is not None and self.review(spec, result):
+                    result = await self._rollout(spec)
             except AgentWorkersLost:
                 self.policy.rollout_abandoned(spec.key)
                 self.not_run.append(spec)
                 await self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
-                return
+                return None
             if self.settings.verify and not spec.grade_in_sandbox:
                 await self.events.state(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
@@ -88,6 +95,7 @@ class Dispatcher:
         self.progress.update(result)
         log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
                  exit_reason=result.exit_reason)
+        return result
 
     async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
         while True:
@@ -103,6 +111,9 @@ class Dispatcher:
             assert isinstance(step, Send)
             try:
                 result = await self.mailboxes.run(self.pool.handle(step.actor), spec)
+            except asyncio.CancelledError:  # its caller cancelled it (the online service): no longer in flight
+                self.policy.rollout_done(spec.key, step.actor)
+                raise
             except Exception as exc:  # the actor or its worker failed, not the rollout: the policy says what next
                 error = redact(f"{type(exc).__name__}: {exc}")
                 log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout, error=error)
