@@ -1,1 +1,0 @@
-"""Task sources that produce dataset rows in the seed schema."""

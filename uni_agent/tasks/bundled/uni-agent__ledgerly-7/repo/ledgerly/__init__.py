@@ -1,3 +1,0 @@
-from .account import Account, InsufficientFunds
-
-__all__ = ["Account", "InsufficientFunds"]

@@ -1,4 +1,0 @@
-from .cache import LRUCache
-from .memo import memoize
-
-__all__ = ["LRUCache", "memoize"]

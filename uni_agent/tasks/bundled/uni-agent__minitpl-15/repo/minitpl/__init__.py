@@ -1,3 +1,0 @@
-from .render import FILTERS, TemplateError, render
-
-__all__ = ["FILTERS", "TemplateError", "render"]

@@ -1,3 +1,0 @@
-from .version import Version, latest
-
-__all__ = ["Version", "latest"]

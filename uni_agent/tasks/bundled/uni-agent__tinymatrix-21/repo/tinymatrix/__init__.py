@@ -1,3 +1,0 @@
-from .ops import add, determinant, identity, multiply, scale, shape, transpose
-
-__all__ = ["add", "determinant", "identity", "multiply", "scale", "shape", "transpose"]

@@ -1,2 +1,0 @@
-#!/bin/bash
-sed -i 's/wc -l/wc -w/' /app/bin/wordcount.sh

@@ -1,2 +1,0 @@
-#!/bin/bash
-echo 'Hello, Terminal-Bench!' > /app/greeting.txt

@@ -1,2 +1,0 @@
-#!/bin/bash
-echo "$ROT_TEXT" | "$ROT_TOOL" > /app/encoded.txt
