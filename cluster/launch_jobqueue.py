@@ -1,0 +1,140 @@
+"""A uni-agent Dask cluster on SLURM through dask-jobqueue: the scheduler runs in this process, GPU worker jobs and
+sandbox worker jobs are submitted with sbatch, and the scheduler file is written for drivers to connect.
+
+    python cluster/launch_jobqueue.py --scheduler-file /shared/ua/scheduler.json \\
+        --gpu-jobs 2 --gpus-per-job 8 --gpu-queue gpu --sandbox-jobs 4 --sandboxes-per-job 64 --queue cpu \\
+        -- python examples/agent_interaction/parallel_infer.py --engine vllm --model-path /models/M --tp 2 \\
+           --nnodes 2 --n-gpus-per-node 8 --data-path /shared/swe.parquet --n 4 --output-dir /shared/runs/r1
+
+With a command after `--`, the command runs with UNI_AGENT_SCHEDULER_FILE set (so the driver finds the cluster) and
+every job is cancelled when it ends; without one, the cluster stays up until Ctrl-C or SIGTERM. Needs
+`pip install dask-jobqueue==0.9.0` (the `slurm` extra) and runs where `sbatch` works (a login node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    command: list[str] = []
+    if "--" in argv:
+        argv, command = argv[: argv.index("--")], argv[argv.index("--") + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--scheduler-file", required=True, help="written once the scheduler is up (shared disk)")
+    p.add_argument("--host", default=None, help="address the scheduler listens on (default: this host's)")
+    p.add_argument("--interface", default=None, help="network interface for scheduler and workers, e.g. ib0")
+    p.add_argument("--port", type=int, default=8786)
+    p.add_argument("--dashboard-port", type=int, default=8787)
+    p.add_argument("--queue", default=None, help="partition for sandbox jobs (and GPU jobs without --gpu-queue)")
+    p.add_argument("--gpu-queue", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--walltime", default="24:00:00")
+    p.add_argument("--log-directory", default=None, help="job logs (default: next to the scheduler file)")
+    p.add_argument("--gpu-jobs", type=int, default=1, help="GPU nodes: one job and one worker each")
+    p.add_argument("--gpus-per-job", type=int, default=8)
+    p.add_argument("--gpu-cores", type=int, default=16)
+    p.add_argument("--gpu-memory", default="200GB")
+    p.add_argument("--gpu-directive", action="append", default=None,
+                   help="sbatch directive of GPU jobs; default --gres=gpu:<gpus-per-job>; repeatable")
+    p.add_argument("--sandbox-jobs", type=int, default=1, help="CPU nodes: one job and one worker each")
+    p.add_argument("--sandboxes-per-job", type=int, default=32)
+    p.add_argument("--sandbox-cores", type=int, default=16)
+    p.add_argument("--sandbox-memory", default="64GB")
+    p.add_argument("--job-directive", action="append", default=[], help="sbatch directive of every job; repeatable")
+    p.add_argument("--wait", type=float, default=600, help="seconds to wait for the workers before giving up")
+    args = p.parse_args(argv)
+    if args.gpu_directive is None:
+        args.gpu_directive = [f"--gres=gpu:{args.gpus_per_job}"]
+    return args, command
+
+
+def job_options(args: argparse.Namespace, *, gpu: bool) -> dict[str, Any]:
+    """What a GPU job and a sandbox job are: one worker per job, its resource declared on the command line."""
+    if gpu:
+        cores, memory, queue = args.gpu_cores, args.gpu_memory, args.gpu_queue or args.queue
+        resources, directives = f"GPU={args.gpus_per_job}", [*args.job_directive, *args.gpu_directive]
+    else:
+        cores, memory, queue = args.sandbox_cores, args.sandbox_memory, args.queue
+        resources, directives = f"SANDBOX={args.sandboxes_per_job}", list(args.job_directive)
+    log_directory = args.log_directory or str(Path(args.scheduler_file).resolve().parent / "logs")
+    return {
+        "cores": cores, "memory": memory, "processes": 1, "queue": queue, "account": args.account,
+        "walltime": args.walltime, "job_name": "ua-gpu" if gpu else "ua-sandbox", "interface": args.interface,
+        "job_extra_directives": directives, "log_directory": log_directory, "python": sys.executable,
+        # Sandboxes wait on subprocesses, not on the CPU: one thread per sandbox slot.
+        "worker_extra_args": ["--resources", resources] + ([] if gpu else ["--nthreads", str(args.sandboxes_per_job)]),
+    }
+
+
+async def launch(args: argparse.Namespace, command: list[str]) -> int:
+    from dask_jobqueue import SLURMCluster
+    from dask_jobqueue.slurm import SLURMJob
+    from distributed import Client
+
+    scheduler_options: dict[str, Any] = {"port": args.port, "dashboard_address": f":{args.dashboard_port}",
+                                         "preload": ["uni_agent.scheduler_preload"]}
+    if args.host:
+        scheduler_options["host"] = args.host
+    sandbox = job_options(args, gpu=False)
+    gpu = job_options(args, gpu=True)
+    Path(sandbox["log_directory"]).mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async with SLURMCluster(asynchronous=True, scheduler_options=scheduler_options, **sandbox) as cluster, \
+            Client(cluster, asynchronous=True) as client:
+        gpu_jobs = [SLURMJob(scheduler=cluster.scheduler_address, name=f"ua-gpu-{i}", **gpu)
+                    for i in range(args.gpu_jobs)]
+        try:
+            cluster.scale(jobs=args.sandbox_jobs)
+            for job in gpu_jobs:
+                await job  # sbatch
+            client.write_scheduler_file(args.scheduler_file)
+            print(f"scheduler {cluster.scheduler_address}, dashboard port {args.dashboard_port}, "
+                  f"scheduler file {args.scheduler_file}; jobs: sandbox x{args.sandbox_jobs}, "
+                  f"GPU {[j.job_id for j in gpu_jobs]}", flush=True)
+            wanted = args.sandbox_jobs + args.gpu_jobs
+            waiting = asyncio.ensure_future(client.wait_for_workers(wanted, timeout=args.wait))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                waiting.cancel()
+                return 130
+            stopped.cancel()
+            waiting.result()  # a TimeoutError names what is missing
+            print(f"{wanted} workers connected", flush=True)
+            if not command:
+                await stop.wait()
+                return 0
+            proc = await asyncio.create_subprocess_exec(
+                *command, env={**os.environ, "UNI_AGENT_SCHEDULER_FILE": str(Path(args.scheduler_file).resolve())})
+            done = asyncio.ensure_future(proc.wait())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                proc.terminate()
+                await proc.wait()
+            stopped.cancel()
+            return proc.returncode or 0
+        finally:
+            for job in gpu_jobs:
+                await job.close()  # scancel; the sandbox jobs go with the cluster
+            Path(args.scheduler_file).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    return asyncio.run(launch(args, command))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Sandboxes of this test session live in their own root (inherited by the Dask workers the tests start), so the
+# leak checks below see only this session's sandboxes even when another run shares the machine.
+os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-"))
+AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
+# What a local sandbox runs on the host: its bwrap (the supervisor and the commands run inside it).
+SANDBOX_PROCESSES = ("bwrap",)
+
+
+@pytest.fixture(scope="session")
+def dask_client(tmp_path_factory):
+    """One real LocalCluster (worker processes) for the session's integration tests."""
+    from distributed import Client, LocalCluster
+
+    os.environ.setdefault("UNI_AGENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", resources={"SANDBOX": 64}) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_sandboxes(tmp_path_factory):
+    """After every test: no sandbox dir, mount or bwrap process of this session is left behind.
+
+    Sandboxes of this session live under its sandbox root or, for tests that point the root elsewhere, under
+    pytest's base temp dir; processes of other test runs on the machine are not counted. Sandboxes close in worker
+    processes too, so it allows a few seconds for them to finish before failing the test."""
+    from uni_agent.sandbox.local import sandbox_root
+
+    root = sandbox_root()
+    markers = (str(root), str(tmp_path_factory.getbasetemp()))
+    before = set(root.iterdir())
+    yield
+
+    def leftovers() -> list[str]:
+        dirs = [str(p) for p in set(root.iterdir()) - before]
+        mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if any(m in line for m in markers)]
+        processes = [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*"))
+                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers)]
+        return dirs + mounts + processes
+
+    deadline = time.monotonic() + 15
+    while (found := leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, f"left behind by this test: {found}"
+
+
+@pytest.fixture(scope="session")
+def rows(tmp_path_factory):
+    """Every bundled task as a dataset row in the seed schema."""
+    from uni_agent.driver.dataset import read_rows
+    from uni_agent.tasks.swe_form import convert
+
+    path = tmp_path_factory.mktemp("data") / "bundled.parquet"
+    convert(None, path)
+    return read_rows(path)
+
+
+def assistant_turns(body) -> int:
+    """How many replies the model already gave in a chat request (for ScriptedLLM policies)."""
+    return sum(m["role"] == "assistant" for m in body["messages"])
+
+
+def poll_until(predicate, timeout: float, what: str):
+    """The predicate's first truthy value, polled every 0.1 s; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def _cmd(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -1,0 +1,31 @@
+"""Dask's own dashboard (bokeh, pinned in pyproject.toml) and the uni-agent page share one address: /status serves
+the task stream and workers, its navigation bar links the uni-agent page, and the page links back."""
+
+import asyncio
+
+import httpx
+import pytest
+
+
+def test_dask_status_page_links_the_uni_agent_page():
+    pytest.importorskip("bokeh", reason="bokeh is a pinned dependency: pip install -e .")
+    from distributed import Client, LocalCluster
+
+    from uni_agent.dashboard.plugin import UniAgentDashboard
+
+    async def scenario():
+        async with LocalCluster(n_workers=1, processes=False, asynchronous=True,
+                                dashboard_address="127.0.0.1:0") as cluster, \
+                Client(cluster, asynchronous=True) as client:
+            await client.register_plugin(UniAgentDashboard())
+            base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"  # loopback, whatever the link names
+            async with httpx.AsyncClient(timeout=30) as http:
+                status = await http.get(f"{base}/status")
+                page = await http.get(f"{base}/uni-agent")
+            return status, page
+
+    status, page = asyncio.run(scenario())
+    assert status.status_code == 200, status.text[:500]
+    assert "Task Stream" in status.text or "task-stream" in status.text.lower()  # Dask's bokeh page, not a stub
+    assert 'href="uni-agent"' in status.text  # the navigation bar's link
+    assert page.status_code == 200 and 'href="status"' in page.text

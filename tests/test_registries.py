@@ -1,0 +1,220 @@
+"""Tools, tool-call text formats and engines are found by name in registries: a new one is one registration (no
+if-chain to extend), and config, settings and the CLI check names against the registries, so an unknown name is an
+error naming it and listing the known ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from uni_agent.cli import build_parser
+from uni_agent.config import AgentConfigs, ConfigError, validate_agent
+from uni_agent.engines import Engines, start_engines
+from uni_agent.engines.registry import ENGINES
+from uni_agent.registry import Registry, UnknownName
+from uni_agent.settings import RunSettings, load_settings
+from uni_agent.tool_calls import (
+    TEXT_FORMATS,
+    ParsedReply,
+    ToolCall,
+    ToolCallFormatError,
+    parse_text,
+    text_format,
+    tool_format_instructions,
+)
+from uni_agent.tool_calls.prompt import tools_section
+from uni_agent.tool_calls.schemas import example_call
+from uni_agent.tool_calls.text_format import finish_reply
+from uni_agent.tools.base import ToolReply
+from uni_agent.tools.registry import TOOLS
+from uni_agent.tools.toolbox import Toolbox, tool_schemas
+
+TOOLS_SCHEMAS = tool_schemas(["execute_bash", "submit"])
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNI_AGENT_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    monkeypatch.setenv("UNI_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def agent(**interaction: Any) -> dict[str, Any]:
+    return {"name": "a", "env": {"deployment": {"type": "local", "repo": "bundled:uni-agent__romanum-4"}},
+            "interaction": interaction}
+
+
+# --- the registry itself --------------------------------------------------------------------------------------------
+
+
+def test_registry_imports_a_path_entry_on_first_use_and_rejects_a_second_registration():
+    things: Registry[Any] = Registry("thing", {"dumps": "json:dumps"})
+    assert things.names() == ["dumps"] and "dumps" in things
+    assert things.get("dumps") is json.dumps
+    with pytest.raises(ValueError, match="thing 'dumps' is already registered"):
+        things.register("dumps", json.loads)
+    things.register("dumps", json.loads, replace=True)
+    assert things.get("dumps") is json.loads
+    with pytest.raises(UnknownName, match=r"^unknown thing 'load'; known things: dumps$"):
+        things.get("load")
+
+
+# --- tool-call text formats -----------------------------------------------------------------------------------------
+
+
+class LineFormat:
+    """A made-up format, one call per line: `CALL <tool> <JSON arguments>`."""
+
+    name = "line"
+
+    def instructions(self, tools: list[dict]) -> str:
+        return tools_section(tools, ["Write each call on its own line: CALL TOOL_NAME {JSON arguments}"],
+                             self.format_call(*example_call(tools)))
+
+    def format_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"CALL {name} {json.dumps(arguments)}"
+
+    def parse(self, text: str, tools: list[dict]) -> ParsedReply:
+        thought, raw_calls = [], []
+        for line in text.splitlines():
+            if line.startswith("CALL "):
+                name, _, arguments = line[5:].partition(" ")
+                raw_calls.append((name, json.loads(arguments or "{}")))
+            else:
+                thought.append(line)
+        return finish_reply(thought, raw_calls, tools)
+
+    def decoding_schema(self, tools: list[dict]) -> dict[str, Any] | None:
+        return None
+
+
+@pytest.fixture
+def line_format():
+    TEXT_FORMATS.register("line", LineFormat())
+    yield
+    TEXT_FORMATS.unregister("line")
+
+
+def test_a_registered_format_is_used_for_parsing_and_prompt_text(line_format):
+    reply = parse_text('Listing first.\nCALL execute_bash {"command": 5}', TOOLS_SCHEMAS, "line")
+    assert reply.thought == "Listing first."
+    # the one validator ran: the number became the string the schema asks for, and the call got an id
+    (call,) = reply.calls
+    assert (call.name, call.arguments) == ("execute_bash", {"command": "5"}) and call.id.startswith("call_")
+    with pytest.raises(ToolCallFormatError, match='Unknown tool "rm". Available tools: execute_bash, submit'):
+        parse_text("CALL rm {}", TOOLS_SCHEMAS, "line")
+
+    prompt = tool_format_instructions(TOOLS_SCHEMAS, "line")
+    assert "## execute_bash" in prompt and "CALL TOOL_NAME {JSON arguments}" in prompt
+    assert prompt.endswith('Example:\nCALL execute_bash {"command": "ls -la"}')
+
+    assert validate_agent(agent(tool_parser="line"), "test").interaction.tool_parser == "line"
+
+
+def test_an_unregistered_format_is_gone_again():
+    assert "line" not in TEXT_FORMATS  # the fixture above cleaned up (else other tests would see a third format)
+    with pytest.raises(ValueError, match=r"unknown tool-call text format 'line'; known tool-call text formats: "
+                                         r"qwen3_coder, hermes"):
+        text_format("line")
+
+
+def test_unknown_format_in_config_names_it_and_lists_the_known(tmp_path):
+    path = tmp_path / "agents.yaml"
+    path.write_text(yaml.safe_dump([agent(tool_parser="xml")]))
+    with pytest.raises(ConfigError) as err:
+        AgentConfigs.load(path)
+    assert "interaction.tool_parser" in str(err.value)
+    assert "unknown tool-call text format 'xml'; known tool-call text formats: qwen3_coder, hermes" in str(err.value)
+
+
+# --- tools ----------------------------------------------------------------------------------------------------------
+
+
+class Echo:
+    SCHEMA = {"type": "function", "function": {
+        "name": "echo", "description": "Say it back.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+
+    def __init__(self, sandbox, interaction):
+        self.prefix = f"({interaction.max_observation_chars}) "
+
+    async def run(self, arguments: dict[str, Any]) -> ToolReply:
+        return ToolReply(self.prefix + arguments["text"], "ok")
+
+
+def test_a_registered_tool_is_accepted_by_config_and_run_by_the_toolbox():
+    TOOLS.register("echo", Echo)
+    try:
+        config = validate_agent({**agent(max_observation_chars=99), "tools": [{"name": "echo"}, {"name": "submit"}]},
+                                "test")
+        toolbox = Toolbox([t.name for t in config.tools], sandbox=None, interaction=config.interaction)
+        assert [s["function"]["name"] for s in toolbox.schemas] == ["echo", "submit"]
+        outcome = asyncio.run(toolbox.run(ToolCall("call_1", "echo", {"text": "hi"})))
+        assert (outcome.observation, outcome.status, outcome.submitted) == ("(99) hi", "ok", False)
+        assert asyncio.run(toolbox.run(ToolCall("call_2", "submit", {}))).submitted
+    finally:
+        TOOLS.unregister("echo")
+    with pytest.raises(ConfigError, match="tools.0.name: Value error, unknown tool 'echo'; known tools: "
+                                          "str_replace_editor, execute_bash, submit"):
+        validate_agent({**agent(), "tools": [{"name": "echo"}]}, "test")
+
+
+def test_unknown_tool_in_the_toolbox_names_it_and_lists_the_known():
+    with pytest.raises(UnknownName, match="unknown tool 'grep'; known tools: str_replace_editor, execute_bash"):
+        Toolbox(["grep"], sandbox=None, interaction=validate_agent(agent(), "test").interaction)
+
+
+# --- engines --------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_engine_in_settings_and_cli_names_it_and_lists_the_known(capsys):
+    with pytest.raises(ConfigError, match=r"^engine unknown engine 'sglang'; known engines: llama_cpp, external, vllm"):
+        load_settings(engine="sglang")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--engine", "sglang"])
+    assert "invalid choice: 'sglang' (choose from 'llama_cpp', 'external', 'vllm')" in capsys.readouterr().err
+
+
+def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():
+    started = []
+
+    async def start_echo_engine(client: Any, settings: RunSettings, log_dir: str) -> Engines:
+        started.append((client, log_dir))
+        return Engines(urls=["http://127.0.0.1:1/v1"], model_name="echo")
+
+    ENGINES.register("echo", start_echo_engine)
+    try:
+        settings = load_settings(engine="echo")
+        engines = asyncio.run(start_engines("the client", settings, "/tmp/logs"))
+        assert engines.model_name == "echo" and started == [("the client", "/tmp/logs")]
+    finally:
+        ENGINES.unregister("echo")
+    unchecked = RunSettings.model_construct(engine="echo")  # as if validation were skipped
+    with pytest.raises(UnknownName, match="unknown engine 'echo'; known engines: llama_cpp, external, vllm"):
+        asyncio.run(start_engines(None, unchecked, "/tmp/logs"))
+
+
+def test_every_deployment_type_has_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:
+    """A deployment `type` that config accepts must name a backend in SANDBOXES, and make_sandbox finds a backend
+    by that name alone (no chain to extend)."""
+    from uni_agent.config import DEPLOYMENT_TYPES, MemoryDeploymentConfig
+    from uni_agent.sandbox import SANDBOXES, make_sandbox
+    from uni_agent.sandbox.memory import MemorySandbox
+
+    assert sorted(SANDBOXES.names()) == sorted(DEPLOYMENT_TYPES)
+    assert isinstance(make_sandbox(MemoryDeploymentConfig(), {}, "m"), MemorySandbox)
+
+    class Recorded(MemorySandbox):
+        pass
+
+    SANDBOXES.register("memory", Recorded, replace=True)
+    try:
+        assert type(make_sandbox(MemoryDeploymentConfig(), {}, "m")) is Recorded
+    finally:
+        SANDBOXES.register("memory", "uni_agent.sandbox.memory:MemorySandbox", replace=True)
+    with pytest.raises(UnknownName, match=r"unknown deployment type 'vefaas'; known deployment types: local, "):
+        SANDBOXES.get("vefaas")

@@ -1,0 +1,179 @@
+"""A sandbox is a live machine: the session semantics every backend shares, on real local and podman sandboxes.
+
+(Modal runs the same session through its fake in test_sandbox_modal.py: its cloud cannot be reached from here.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from test_sandbox_container import image  # noqa: F401 - the podman test image, a session fixture
+from test_sandbox_local import processes_with, wait_until_gone
+
+from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
+from uni_agent.sandbox import Sandbox, SandboxError, make_sandbox
+from uni_agent.sandbox.supervisor import CAPTURE_LIMIT_BYTES
+
+T = TypeVar("T")
+BACKENDS = ["local", "podman"]
+# `ps` without procps (the podman test image has none): every process's command line, one per line.
+PS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done"
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("UNI_AGENT_CACHE_DIR", str(tmp_path / "cache"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    return repo
+
+
+@pytest.fixture(params=BACKENDS)
+def open_sandbox(request: pytest.FixtureRequest, repo: Path) -> Callable[..., Sandbox]:
+    """Makes a sandbox of the backend under test (not started)."""
+    backend = request.param
+
+    def make(**overrides: Any) -> Sandbox:
+        if backend == "local":
+            return make_sandbox(LocalDeploymentConfig(repo=str(repo), **overrides), {}, "sess")
+        tag = request.getfixturevalue("image")
+        config = ContainerDeploymentConfig(type="podman", image=tag, pull="never", repo=str(repo), **overrides)
+        return make_sandbox(config, {}, "sess")
+
+    return make
+
+
+def with_box(make: Callable[..., Sandbox], body: Callable[[Sandbox], Awaitable[T]], **overrides: Any) -> T:
+    async def main() -> T:
+        async with make(**overrides) as box:
+            return await body(box)
+
+    return asyncio.run(main())
+
+
+def test_a_server_started_in_one_command_answers_in_the_next(open_sandbox: Callable[..., Sandbox]) -> None:
+    port = 20000 + uuid.uuid4().int % 20000
+    fetch = f"python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/a.txt').read())\""
+
+    async def body(box: Sandbox) -> tuple[Any, ...]:
+        started = await box.exec(f"nohup python3 -m http.server {port} > /tmp/server.log 2>&1 &", 10)
+        for _ in range(100):  # the server needs a moment to listen
+            answer = await box.exec(fetch, 10)
+            if answer.exit_code == 0:
+                break
+            await asyncio.sleep(0.1)
+        # Not even redirected: the server holds the command's output pipe, and the command still returns at once.
+        t0 = time.monotonic()
+        unredirected = await box.exec(f"python3 -m http.server {port + 1} &", 10)
+        return started, answer, unredirected, time.monotonic() - t0, (await box.exec(PS, 10)).output
+
+    started, answer, unredirected, seconds, ps = with_box(open_sandbox, body)
+    assert started.exit_code == 0 and not started.timed_out
+    assert answer.exit_code == 0 and answer.stdout == b"b'a\\n'\n", answer
+    assert unredirected.exit_code == 0 and seconds < 5
+    assert f"http.server {port}" in ps and f"http.server {port + 1}" in ps
+
+
+def test_a_background_process_survives_a_later_commands_timeout(open_sandbox: Callable[..., Sandbox]) -> None:
+    marker = f"3{uuid.uuid4().int % 10000}.5"
+
+    async def body(box: Sandbox) -> tuple[Any, ...]:
+        await box.exec(f"sleep {marker} > /dev/null 2>&1 &", 10)
+        late = await box.exec("sleep 30", 1)
+        alive = await box.exec(f"{PS} | grep -q '^sleep {marker}' && echo alive", 10)
+        return late, alive
+
+    late, alive = with_box(open_sandbox, body)
+    assert late.timed_out and late.exit_code is None
+    assert alive.stdout == b"alive\n"
+    # ... and it goes with the sandbox.
+    assert wait_until_gone(processes_with(f"sleep\0{marker}".encode()), timeout=10) == []
+
+
+def test_cwd_exports_and_unset_persist(open_sandbox: Callable[..., Sandbox]) -> None:
+    async def body(box: Sandbox) -> bytes:
+        await box.exec("mkdir -p d && cd d && export A=1 B=2", 10)
+        await box.exec("unset B; export C=3; exit 7", 10)
+        return (await box.exec('pwd; echo "$A-${B:-unset}-$C"', 10)).stdout
+
+    assert with_box(open_sandbox, body) == b"/testbed/d\n1-unset-3\n"
+
+
+def test_a_timeout_kills_only_its_own_command(open_sandbox: Callable[..., Sandbox]) -> None:
+    async def body(box: Sandbox) -> tuple[Any, ...]:
+        await box.exec("sleep 300 > /dev/null 2>&1 &", 10)
+        killed = await box.exec("sleep 301 & sleep 302", 1)
+        left = (await box.exec(f"{PS} | grep '^sleep 30' | sort", 10)).stdout
+        return killed, left
+
+    killed, left = with_box(open_sandbox, body)
+    assert killed.timed_out
+    assert left == b"sleep 300 \n"  # the command's own group (301, 302) is gone; the earlier one is not
+
+
+def test_output_that_never_ends_is_cut_at_the_cap(open_sandbox: Callable[..., Sandbox]) -> None:
+    async def body(box: Sandbox) -> Any:
+        return await box.exec("yes", 3)
+
+    result = with_box(open_sandbox, body)
+    assert result.timed_out and len(result.stdout) == CAPTURE_LIMIT_BYTES and result.truncated_bytes > 0
+
+
+def test_a_killed_supervisor_is_a_clear_error_never_a_hang(open_sandbox: Callable[..., Sandbox]) -> None:
+    marker = f"4{uuid.uuid4().int % 10000}.5"
+
+    async def body(box: Sandbox) -> tuple[str, float]:
+        task = asyncio.create_task(box.exec(f"sleep {marker}", 200))
+        deadline = time.monotonic() + 20
+        while not (sleeps := processes_with(f"sleep\0{marker}".encode())):
+            assert time.monotonic() < deadline, "the command never started"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        os.kill(_supervisor_above(sleeps[0]), signal.SIGKILL)
+        with pytest.raises(SandboxError, match="gone") as caught:
+            await task
+        with pytest.raises(SandboxError):
+            await box.exec("true", 10)
+        return str(caught.value), time.monotonic() - started
+
+    message, seconds = with_box(open_sandbox, body)
+    assert "supervisor" in message and seconds < 15, message
+    assert wait_until_gone(processes_with(f"sleep\0{marker}".encode()), timeout=10) == []
+
+
+def _supervisor_above(pid: int) -> int:
+    """The sandbox supervisor among the ancestors of a process (host pids)."""
+    while pid > 1:
+        if b"uni-agent sandbox supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no supervisor above the command")
+
+
+def test_a_thousand_commands_do_not_grow_fds_or_memory(open_sandbox: Callable[..., Sandbox]) -> None:
+    probe = "ls /proc/$PPID/fd | wc -l; awk '/^VmRSS/ {print $2}' /proc/$PPID/status"
+
+    async def body(box: Sandbox) -> tuple[list[int], list[int], int]:
+        for _ in range(20):  # past the first commands, whose shells are started on demand
+            await box.exec("echo x", 10)
+        # stderr kept apart: with it merged, whether its pipe is closed yet when `ls` runs is a race.
+        first = (await box.exec(probe, 10, merge_stderr=False)).stdout.split()
+        for _ in range(1000):
+            await box.exec("echo x", 10)
+        last = (await box.exec(probe, 10, merge_stderr=False)).stdout.split()
+        return [int(x) for x in first], [int(x) for x in last], os.getpid()
+
+    first, last, _ = with_box(open_sandbox, body)
+    fds_before, rss_before = first
+    fds_after, rss_after = last
+    assert fds_after <= fds_before, (first, last)
+    assert rss_after - rss_before < 2048, (first, last)  # kB: no per-command growth

@@ -1,0 +1,143 @@
+"""uni-agent on a real SLURM cluster (slurm-wlm + munge daemons on localhost, started here): the cluster/ sbatch
+scripts and the dask-jobqueue launcher each bring up a scheduler, a GPU worker group and a sandbox worker group as
+SLURM jobs, and parallel_verify.py / parallel_infer.py run against them with --scheduler-file.
+
+There are no GPUs here: the node's `gpu` GRES is two dummy device files (Slurm allocates them and sets
+CUDA_VISIBLE_DEVICES as on a GPU node), and the engine is tests/fake_vllm.py behind a `vllm` executable on PATH,
+A STAND-IN FOR vLLM (which needs a GPU and cannot be installed here).
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from conftest import REPO_ROOT
+from slurm_fixture import LocalSlurm
+
+EXAMPLES = REPO_ROOT / "examples" / "agent_interaction"
+FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
+BUNDLED_FIRST_TWO = ["uni-agent__confini-3", "uni-agent__csvstat-17"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()  # fails unless every job has left the queue, then stops the daemons
+
+
+@pytest.fixture
+def job_env(slurm, tmp_path):
+    """What a user's shell would have: the venv, a shared directory, and (stand-in) `vllm` on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_VLLM} \"$@\"\n")
+    (bin_dir / "vllm").chmod(0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {**slurm.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_VLLM_DIR": str(tmp_path / "fake-vllm"),
+           "UNI_AGENT_SHARED": str(shared), "UNI_AGENT_VENV": str(REPO_ROOT / ".venv")}
+    yield env
+    slurm.cancel_all_and_wait()
+
+
+def _run_script(script: Path, *args: str, env: dict, timeout: float = 300) -> dict:
+    out_dir = Path(args[args.index("--output-dir") + 1])
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out_dir / "summary.json").read_text())
+
+
+def _check_verify_and_infer(env: dict, out: Path, scheduler_file: str | None) -> None:
+    where = ["--scheduler-file", scheduler_file] if scheduler_file else []  # else from UNI_AGENT_SCHEDULER_FILE
+    verify = _run_script(EXAMPLES / "parallel_verify.py", "--patch", "gold", "--max-samples", "2", *where,
+                         "--output-dir", str(out / "verify"), env=env)
+    assert verify["resolved_ids"] == BUNDLED_FIRST_TWO and verify["avg_at_n"] == 1.0
+    infer = _run_script(EXAMPLES / "parallel_infer.py", "--engine", "vllm", "--model-path", "/models/Tiny-1B",
+                        "--n-gpus-per-node", "2", "--max-samples", "1", "--n", "2", "--no-progress", *where,
+                        "--output-dir", str(out / "infer"), env=env)
+    assert infer["num_rollouts"] == 2 and infer["exit_reasons"]["submitted"] == 2, infer
+    records = [json.loads(p.read_text()) for p in Path(env["FAKE_VLLM_DIR"]).glob("*.json")]
+    assert sorted(r["cuda_visible_devices"] for r in records) == ["0", "1"]
+
+
+def test_sbatch_scripts(slurm, job_env, tmp_path):
+    env = {**job_env, "UNI_AGENT_SCHEDULER_PORT": str(_free_port()), "UNI_AGENT_DASHBOARD_PORT": str(_free_port()),
+           "UNI_AGENT_SANDBOXES_PER_NODE": "4",
+           "UNI_AGENT_SCHEDULER_SBATCH": "--cpus-per-task=1 --mem=1G --time=00:10:00",
+           "UNI_AGENT_GPU_SBATCH": "--gres=gpu:2 --cpus-per-task=1 --mem=1G --time=00:10:00",
+           "UNI_AGENT_SANDBOX_SBATCH": "--cpus-per-task=1 --mem=1G --time=00:10:00"}
+    submitted = subprocess.run(["bash", str(REPO_ROOT / "cluster" / "submit.sh")], env=env, capture_output=True,
+                               text=True, timeout=60, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    scheduler_file = re.search(r"scheduler file: (\S+)", submitted.stdout).group(1)
+    job_ids = re.search(r"stop:\s+scancel (.+)", submitted.stdout).group(1).split()
+    assert len(job_ids) == 3 and scheduler_file.endswith(f"scheduler-{job_ids[0]}.json")
+
+    deadline = time.monotonic() + 90
+    while not Path(scheduler_file).exists():
+        assert time.monotonic() < deadline, f"no scheduler file; jobs: {slurm.jobs()}\n{_job_logs(env)}"
+        time.sleep(0.2)
+    with Client(scheduler_file=scheduler_file, timeout=30) as client:
+        client.wait_for_workers(2, timeout=90)
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        assert sorted((w["name"].split("-")[0], w["resources"]) for w in workers) == [
+            ("gpu", {"GPU": 2.0}), ("sandbox", {"SANDBOX": 4.0})]
+        plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+        assert "uni-agent-gpu-leases" in plugins  # the --preload ran
+        environ = client.run(lambda: dict(os.environ))
+        assert all(e.get("SLURM_JOB_ID") in job_ids[1:] for e in environ.values())  # workers run inside our jobs
+        assert sorted(e.get("CUDA_VISIBLE_DEVICES", "-") for e in environ.values()) == ["-", "0,1"]  # from --gres
+    health = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/health", timeout=10)
+    assert health.read() == b"ok"
+    page = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/uni-agent", timeout=10)
+    assert page.status == 200 and b"uni-agent" in page.read().lower()  # installed by the preload, before any driver
+
+    _check_verify_and_infer(env, tmp_path / "out", scheduler_file)
+
+    slurm.run("scancel", *job_ids)
+    slurm.wait_for(lambda: not slurm.jobs(), 60, "the jobs to end after scancel")
+
+
+def test_jobqueue_launcher(slurm, job_env, tmp_path):
+    scheduler_file = tmp_path / "shared" / "scheduler.json"
+    env = {**job_env, "PYTHONPATH": str(REPO_ROOT / "tests")}
+    check = (f"from pathlib import Path; import test_slurm as t; "
+             f"t._check_verify_and_infer(dict(__import__('os').environ), Path({str(tmp_path / 'out')!r}), None)")
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "cluster" / "launch_jobqueue.py"), "--scheduler-file", str(scheduler_file),
+         "--host", "127.0.0.1", "--port", "0", "--dashboard-port", str(_free_port()), "--queue", "debug",
+         "--walltime", "00:10:00", "--gpu-jobs", "1", "--gpus-per-job", "2", "--gpu-cores", "1", "--gpu-memory", "1GB",
+         "--sandbox-jobs", "1", "--sandboxes-per-job", "4", "--sandbox-cores", "1", "--sandbox-memory", "1GB",
+         "--wait", "90", "--", sys.executable, "-c", check],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    assert "2 workers connected" in proc.stdout
+    assert not scheduler_file.exists()
+    logs = list((tmp_path / "shared" / "logs").glob("ua-gpu-*.err"))
+    assert logs, list((tmp_path / "shared" / "logs").iterdir())
+    slurm.wait_for(lambda: not slurm.jobs(), 60, "the launcher's jobs to be cancelled")
+
+
+def _job_logs(env: dict) -> str:
+    logs = Path(env["UNI_AGENT_SHARED"]) / "logs"
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*")))

@@ -1,0 +1,152 @@
+"""Ordinary users for tests that must run as someone other than root, beside someone else.
+
+Root creates them (`useradd`: a home, a group of their own and, as Debian gives every new user, a range of
+subordinate ids in /etc/subuid and /etc/subgid, unless asked not to); where the tests do not run as root they skip
+and say why. A command runs as a user through `runuser` with a clean environment (HOME, USER, PATH and what the
+test adds), from the user's home; Python runs from this interpreter (the project's venv, which must be readable by
+everyone: /work/main/.venv is). Users this module created are removed again by `remove_users` (their processes,
+found by uid, killed first), those that existed before are left alone.
+
+    users = ensure_users(["ua-test-a", "ua-test-b"])        # pytest.skip where that cannot be done
+    done = run_python_as(users[0], "import os; print(os.getuid())")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PATH = "/usr/local/bin:/usr/bin:/bin"
+_created: list[str] = []  # by this process, so removed by it
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+
+def unavailable_reason() -> str | None:
+    """Why users cannot be created and used here, or None."""
+    if os.geteuid() != 0:
+        return "creating test users needs root (useradd); this run is not root"
+    missing = [tool for tool in ("useradd", "userdel", "runuser") if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed"
+    return None
+
+
+def ensure_user(name: str, *, subordinate_ids: bool = True) -> User:
+    """The user `name`, created unless it exists (skips the test where it cannot be)."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    lock = Path(tempfile.gettempdir()) / "uni-agent-test-users.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # useradd edits /etc/passwd and /etc/subuid: one at a time
+        with contextlib.suppress(KeyError):
+            return _user(pwd.getpwnam(name))
+        argv = ["useradd", "--create-home", "--user-group", "--shell", "/bin/bash"]
+        if not subordinate_ids:
+            argv += ["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"]
+        done = subprocess.run([*argv, name], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
+        _created.append(name)
+    user = _user(pwd.getpwnam(name))
+    probe = run_python_as(user, "import uni_agent")
+    if probe.returncode != 0:
+        pytest.skip(f"{sys.executable} cannot import uni_agent as {name} (is the venv readable by everyone?): "
+                    f"{probe.stderr.strip()[-500:]}")
+    return user
+
+
+def ensure_users(names: Iterable[str], *, subordinate_ids: bool = True) -> list[User]:
+    return [ensure_user(name, subordinate_ids=subordinate_ids) for name in names]
+
+
+def _user(entry: pwd.struct_passwd) -> User:
+    return User(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+def argv_as(user: User, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """argv run as `user`, with a clean environment: HOME, USER, LOGNAME, PATH, LANG, then `env`."""
+    clean = {"HOME": str(user.home), "USER": user.name, "LOGNAME": user.name, "PATH": PATH, "LANG": "C.UTF-8",
+             **(env or {})}
+    return ["runuser", "-u", user.name, "--", "env", "-i", *(f"{k}={v}" for k, v in clean.items()), *argv]
+
+
+def run_as(user: User, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300,
+           input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv as `user` in its home and wait for it (output captured as text)."""
+    return subprocess.run(argv_as(user, argv, env), capture_output=True, text=True, timeout=timeout, input=input,
+                          cwd=user.home)
+
+
+def popen_as(user: User, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """As run_as, without waiting (stdin, stdout and stderr are pipes): for two users at once."""
+    return subprocess.Popen(argv_as(user, argv, env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=user.home)
+
+
+def run_python_as(user: User, code: str, *, env: Mapping[str, str] | None = None,
+                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet as `user` with the interpreter running the tests."""
+    return run_as(user, [sys.executable, "-c", code], env=env, timeout=timeout)
+
+
+def kill_processes_of(user: User, timeout: float = 10) -> None:
+    """SIGKILL every process running with the user's uid (by pid), until none is left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _uid_of(p) == user.uid]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _uid_of(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
+
+
+def remove_users(names: Iterable[str] | None = None) -> None:
+    """Remove the users this process created (or those of `names` among them): their processes, home, default
+    sandbox root and subordinate ids."""
+    for name in list(names if names is not None else _created):
+        if name not in _created:
+            continue
+        with contextlib.suppress(KeyError):
+            kill_processes_of(_user(pwd.getpwnam(name)))
+        with contextlib.suppress(KeyError):
+            uid = pwd.getpwnam(name).pw_uid
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"uni-agent-{uid}", ignore_errors=True)  # its sandbox root
+        subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
+        _created.remove(name)
+
+
+def shared_dir(prefix: str) -> Path:
+    """A fresh directory under the temp dir that every user can read (for images and inputs the test prepares)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path

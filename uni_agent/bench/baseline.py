@@ -1,0 +1,126 @@
+"""`uni-agent bench --baseline REF`: the same measurements on an earlier commit, in the same invocation.
+
+Every speed claim is a before/after pair measured in one run on the same machine. The earlier commit is checked out
+in a temporary git worktree and measured in subprocesses whose `import uni_agent` resolves to that worktree
+(PYTHONPATH and working directory); then this tree is measured the same way. The sandbox figures come from
+sandbox_rtt.py (which uses only the public sandbox API, so it runs against old trees), the rollout sweep from the
+worktree's own `uni-agent bench --json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+THIS_TREE = Path(__file__).resolve().parent.parent.parent
+SANDBOX_RTT = Path(__file__).resolve().with_name("sandbox_rtt.py")
+CLIENT_CPU = Path(__file__).resolve().with_name("client_cpu.py")
+
+
+class BaselineError(RuntimeError):
+    """The baseline could not be checked out or measured; the message says which step and why."""
+
+
+@contextlib.contextmanager
+def worktree(ref: str) -> Iterator[Path]:
+    """A detached git worktree of `ref`, removed afterwards; a directory holding an exported tree is used as it is
+    (for a machine the checkout reaches without its .git, e.g. `git archive REF | tar -x -C DIR`)."""
+    if Path(ref).is_dir():
+        yield Path(ref).resolve()
+        return
+    if not (THIS_TREE / ".git").exists():
+        raise BaselineError(f"--baseline needs a git checkout of uni-agent; {THIS_TREE} is not one")
+    path = Path(tempfile.mkdtemp(prefix="uni-agent-baseline-"))
+    added = subprocess.run(["git", "-C", str(THIS_TREE), "worktree", "add", "--detach", "-f", str(path), ref],
+                           capture_output=True, text=True)
+    if added.returncode != 0:
+        raise BaselineError(f"git worktree add {ref} failed: {added.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(THIS_TREE), "worktree", "remove", "--force", str(path)],
+                       capture_output=True)
+
+
+def _env(tree: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, sandboxes: int) -> dict[str, Any]:
+    """sandbox_rtt.py's figures with `uni_agent` imported from `tree`."""
+    argv = [sys.executable, str(SANDBOX_RTT), "--backend", backend, "--commands", str(commands),
+            "--sandboxes", str(sandboxes)] + (["--image", image] if image else [])
+    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise BaselineError(f"the sandbox bench failed in {tree} ({backend}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
+    """client_cpu.py's figures with `uni_agent` imported from `tree`."""
+    argv = [sys.executable, str(CLIENT_CPU), "--requests", str(requests), "--in-flight", str(in_flight)]
+    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise BaselineError(f"the LLM client bench failed in {tree}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:
+    """The rollout sweep of `tree`'s own bench (no peer), as its --json report."""
+    report = Path(tempfile.mkstemp(prefix="uni-agent-bench-", suffix=".json")[1])
+    argv = [sys.executable, "-m", "uni_agent.cli", "bench", *bench_args, "--no-peer", "--json", str(report)]
+    try:
+        done = subprocess.run(argv, cwd=tree, env=_env(tree), text=True, timeout=7200,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if not report.exists() or not report.read_text().strip():
+            raise BaselineError(f"the rollout bench failed in {tree}: {done.stdout[-3000:]}")
+        return json.loads(report.read_text())
+    finally:
+        report.unlink(missing_ok=True)
+
+
+SANDBOX_COLUMNS = [("tree", 22, "{}"), ("backend", 7, "{}"), ("true p50 ms", 11, "{:.2f}"),
+                   ("true p95 ms", 11, "{:.2f}"), ("machine CPU ms/cmd", 18, "{:.2f}"),
+                   ("MiB/live sandbox", 16, "{}"), ("start s", 7, "{:.3f}")]
+
+
+def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    head = " | ".join(name.rjust(width) for name, width, _ in SANDBOX_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for label, f in rows:
+        values = [label, f["backend"], f["rtt_p50_ms"], f["rtt_p95_ms"], f["machine_cpu_ms_per_command"],
+                  "-" if f["memory_mib_per_sandbox"] is None else f"{f['memory_mib_per_sandbox']:.1f}", f["start_s"]]
+        lines.append(" | ".join(fmt.format(v).rjust(width) for (_, width, fmt), v in zip(SANDBOX_COLUMNS, values)))
+    return lines
+
+
+SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("framework_cpu_ms_per_turn", "{:.2f}"),
+                ("machine_cpu_ms_per_turn", "{:.2f}"), ("ok", "{}")]
+
+
+def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
+    """Our rows of both reports side by side, matched on (concurrency, workers)."""
+    ours = lambda report: {(r["concurrency"], r["workers"]): r for r in report["rows"]  # noqa: E731
+                           if r.get("system") == "uni-agent"}
+    old, new = ours(before), ours(after)
+    labels = {"efficiency": "eff", "rollouts_per_min": "rollouts/min", "framework_cpu_ms_per_turn": "fw CPU ms/turn",
+              "machine_cpu_ms_per_turn": "machine CPU ms/turn", "ok": "ok"}
+    head = f"{'conc':>5} | {'workers':>7} | " + " | ".join(
+        f"{labels[name]} {which}".rjust(24) for name, _ in SWEEP_FIELDS for which in (f"({ref[:8]})", "(now)"))
+    lines = [head, "-" * len(head)]
+    for key in sorted(set(old) | set(new)):
+        cells = []
+        for name, fmt in SWEEP_FIELDS:
+            for report in (old, new):
+                value = report.get(key, {}).get(name)
+                cells.append(("-" if value is None else fmt.format(value)).rjust(24))
+        lines.append(f"{key[0]:>5} | {key[1]:>7} | " + " | ".join(cells))
+    return lines

@@ -1,0 +1,138 @@
+"""The simulation's LLM endpoint: N processes sharing one port, each an asyncio HTTP/1.1 server, so that it is never
+the bottleneck at thousands of rollouts in flight (a thread per connection, as ScriptedLLM has, would be 20,000
+threads in one process).
+
+Each process answers POST .../chat/completions after `delay_s` with the benchmark's scripted reply (BenchPolicy:
+`turns` execute_bash calls, then submit) and GET .../models; keep-alive connections, as vLLM offers them. The kernel
+spreads new connections over the processes (SO_REUSEPORT). It speaks only the small part of HTTP/1.1 that the
+OpenAI clients use (Content-Length bodies, no chunked requests): a latency-controlled stand-in, not a server.
+
+    python -m uni_agent.bench.endpoint_pool --port P --delay-s 20 --turns 4 --command 'echo hi'
+    # one process: prints {"ready": port} once listening; serves until stdin closes, then prints its figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..testing.scripted_llm import chat_completion
+from .endpoint import BenchPolicy
+
+MODEL = "scripted"
+
+
+class _Figures:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.late_max_s = 0.0  # how much later than `delay_s` a reply left (event-loop lag: an overloaded endpoint)
+
+
+async def _serve(port: int, delay_s: float, policy: BenchPolicy, figures: _Figures) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                received = time.monotonic()
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ", 2)[:2]
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                length = int(headers.get("content-length") or 0)
+                data = await reader.readexactly(length) if length else b""
+                if method == "GET" and path.rstrip("/").endswith("/models"):
+                    status, body = 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+                elif method == "POST":
+                    request = json.loads(data or b"{}")
+                    figures.requests += 1
+                    await asyncio.sleep(delay_s - (time.monotonic() - received))
+                    figures.late_max_s = max(figures.late_max_s, time.monotonic() - received - delay_s)
+                    status, body = 200, chat_completion(policy(request), request, MODEL)
+                else:
+                    status, body = 404, {}
+                payload = json.dumps(body).encode()
+                writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             f"{len(payload)}\r\n\r\n".encode() + payload)
+                await writer.drain()
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
+            pass  # the client went away, or we are shutting down with the connection idle
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_port=True, backlog=8192)
+    print(json.dumps({"ready": port}), flush=True)
+    async with server:
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uni_agent.bench.endpoint_pool")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay-s", type=float, required=True)
+    parser.add_argument("--turns", type=int, required=True)
+    parser.add_argument("--command", required=True)
+    args = parser.parse_args(argv)
+    figures = _Figures()
+    asyncio.run(_serve(args.port, args.delay_s, BenchPolicy(args.turns, args.command), figures))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"requests": figures.requests, "cpu_s": usage.ru_utime + usage.ru_stime,
+                      "late_max_s": figures.late_max_s}), flush=True)
+    return 0
+
+
+class EndpointPool:
+    """`with EndpointPool(processes, delay_s, turns, command) as ep: ep.base_url, ep.pids`; `ep.stats` after exit."""
+
+    def __init__(self, processes: int, delay_s: float, turns: int, command: str):
+        self.processes, self.delay_s, self.turns, self.command = processes, delay_s, turns, command
+        self.stats: dict[str, Any] = {}
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> EndpointPool:
+        # Hold a bound (never listening) socket on the port while the servers start, so no one else takes it.
+        holder = socket.socket()
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        try:
+            for _ in range(self.processes):
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "uni_agent.bench.endpoint_pool", "--port", str(port), "--delay-s",
+                     str(self.delay_s), "--turns", str(self.turns), "--command", self.command],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            for proc in self.procs:
+                if not (proc.stdout and proc.stdout.readline()):
+                    raise RuntimeError("an endpoint process did not start")
+        except BaseException:
+            self.__exit__()
+            raise
+        finally:
+            holder.close()
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.pids = [p.pid for p in self.procs]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        figures = []
+        for proc in self.procs:
+            try:
+                out, _ = proc.communicate(input="", timeout=30)
+                figures.append(json.loads(out.strip().splitlines()[-1]))
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                proc.kill()
+                proc.wait()
+        self.stats = {"processes": self.processes, "requests": sum(f["requests"] for f in figures),
+                      "cpu_s": sum(f["cpu_s"] for f in figures),
+                      "late_max_s": max((f["late_max_s"] for f in figures), default=float("nan"))}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What the benchmark measures besides wall time: CPU split into own vs. children, peak memory, system limits."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class Cpu:
+    """CPU seconds a process spent itself (`own`) and in the children it waited for (`children`: here the sandboxed
+    tool commands: unshare, mount, bwrap, bash and the command; plus git in sandbox start and patch collection)."""
+
+    own: float = 0.0
+    children: float = 0.0
+
+    def __sub__(self, other: Cpu) -> Cpu:
+        return Cpu(self.own - other.own, self.children - other.children)
+
+    def __add__(self, other: Cpu) -> Cpu:
+        return Cpu(self.own + other.own, self.children + other.children)
+
+
+def cpu_now() -> Cpu:
+    """This process's CPU (runs in the driver, and on every Dask worker through `client.run`)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Cpu(me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime)
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine spent (user, nice, system; /proc/stat). Rusage misses part of a sandboxed command:
+    bwrap's pid-namespace init is reaped by no one we wait for, so its CPU reaches no RUSAGE_CHILDREN."""
+    with open("/proc/stat") as stat:
+        user, nice, system = (int(x) for x in stat.readline().split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class PeakMemory:
+    """Samples the summed RSS of some processes every `interval` seconds in a thread; `peak - baseline` is what the
+    run added. Sampling /proc/<pid>/statm costs microseconds (it is counted in the driver's CPU)."""
+
+    def __init__(self, pids: list[int], interval: float = 0.5):
+        self.pids, self.interval = list(pids), interval
+        self.baseline = self.peak = self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-peak-memory")
+
+    def _sample(self) -> int:
+        return sum(rss_bytes(p) for p in self.pids)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self._sample())
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+    @property
+    def added(self) -> int:
+        return max(0, self.peak - self.baseline)
+
+
+def fds_needed(concurrency: int, workers: int) -> int:
+    """Open files one agent-worker process needs: per in-flight rollout an HTTP connection, a command's two pipes and
+    its pidfd, and the sandbox's files while they are written; plus Dask's own and a margin."""
+    per_worker = -(-concurrency // max(1, workers))
+    return 8 * per_worker + 1024
+
+
+def ensure_limits(concurrency: int, workers: int) -> list[str]:
+    """Raise the soft open-file limit to what the sweep needs (children inherit it); fail early, saying what to do,
+    when the hard limit is too low. Returns notes on what was changed."""
+    notes = []
+    need = max(fds_needed(concurrency, workers), concurrency * 2 + 1024)  # the endpoint: one socket per rollout
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise SystemExit(f"uni-agent bench: concurrency {concurrency} needs about {need} open files per process, "
+                             f"but the hard limit (ulimit -Hn) is {hard}: raise it (limits.conf / systemd LimitNOFILE)"
+                             " or lower --concurrency")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        notes.append(f"raised the open-file soft limit from {soft} to {need}")
+    if os.geteuid() != 0:  # root is not bound by RLIMIT_NPROC
+        # Each command is unshare → sh → bwrap → bwrap's init → bash; the endpoint holds a thread per connection.
+        need_procs = 6 * concurrency + concurrency + 512
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        if soft != resource.RLIM_INFINITY and soft < need_procs:
+            if hard != resource.RLIM_INFINITY and hard < need_procs:
+                raise SystemExit(f"uni-agent bench: concurrency {concurrency} needs about {need_procs} processes and "
+                                 f"threads, but ulimit -Hu is {hard}: raise it or lower --concurrency")
+            resource.setrlimit(resource.RLIMIT_NPROC, (need_procs, hard))
+            notes.append(f"raised the process soft limit from {soft} to {need_procs}")
+    return notes
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def ideal_makespan(rollouts: int, concurrency: int, llm_calls_per_rollout: int, delay_s: float) -> float:
+    """The makespan if only the endpoint's delay took time: total work over the slots, never below one rollout."""
+    per_rollout = llm_calls_per_rollout * delay_s
+    return max(rollouts * per_rollout / concurrency, per_rollout)

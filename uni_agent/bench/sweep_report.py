@@ -1,0 +1,106 @@
+"""The figures of the `uni-agent bench` sweep as text: the table (one line per run), the side-by-side lines against
+the peer, and the targets next to the figures."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.9, 256
+TARGET_CPU_MS_PER_TURN = 2.0
+TARGET_START_P50_MS = 100.0
+TARGET_FULL_COMPLETION_AT = 1024
+
+
+COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
+           ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
+           ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("machine CPU ms/turn", 19, "{}"),
+           ("start p50/p95 ms", 16, "{}"),
+           ("MiB/rollout", 11, "{:.2f}"), ("load", 5, "{:.1f}")]
+
+
+def table_head() -> str:
+    head = " | ".join(name.rjust(width) for name, width, _ in COLUMNS)
+    return f"{head}\n{'-' * len(head)}"
+
+
+def table_line(row: dict[str, Any]) -> str:
+    if "failed" in row:
+        return f"{row['system']:>14} | {'':>7} | {row['concurrency']:>5} | FAILED: {row['failed'].splitlines()[-1][:150]}"
+    values = {
+        "system": row["system"], "workers": row["workers"], "conc": row["concurrency"],
+        "ok/total": f"{row['ok']}/{row['rollouts']}", "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
+        "eff": row["efficiency"], "rollouts/min": row["rollouts_per_min"],
+        "fw CPU ms/turn": row["framework_cpu_ms_per_turn"], "sbx CPU ms/turn": row["sandbox_cpu_ms_per_turn"],
+        "machine CPU ms/turn": f"{row['machine_cpu_ms_per_turn']:.2f}" if "machine_cpu_ms_per_turn" in row else "n/a",
+        "start p50/p95 ms": "n/a (none)" if math.isnan(row["sandbox_start_p50_ms"])
+        else f"{row['sandbox_start_p50_ms']:.0f}/{row['sandbox_start_p95_ms']:.0f}",
+        "MiB/rollout": row["peak_mib_per_rollout"], "load": row["load"],
+    }
+    return " | ".join(fmt.format(values[name]).rjust(width) for name, width, fmt in COLUMNS)
+
+
+def show_errors(row: dict[str, Any], echo) -> None:
+    for error in row.get("errors") or []:
+        echo(f"    error in {row['system']} c={row['concurrency']}: {error}")
+
+
+def _ok(row: dict[str, Any]) -> bool:
+    return "failed" not in row
+
+
+def comparison_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for peer in [r for r in rows if r["system"] == "mini-swe-agent" and _ok(r)]:
+        ours = [r for r in rows if r["system"] == "uni-agent" and r["concurrency"] == peer["concurrency"]]
+        if not ours:
+            continue
+        best = max(ours, key=lambda r: r["rollouts_per_min"])
+        lines.append(
+            f"side by side at concurrency {peer['concurrency']}: uni-agent ({best['workers']} worker(s)) "
+            f"{best['rollouts_per_min']:.0f} rollouts/min vs mini-swe-agent {peer['rollouts_per_min']:.0f}: ratio "
+            f"{best['rollouts_per_min'] / peer['rollouts_per_min']:.2f}x; fw CPU/turn {best['framework_cpu_ms_per_turn']:.2f}"
+            f" vs {peer['framework_cpu_ms_per_turn']:.2f} ms (ratio {peer['framework_cpu_ms_per_turn'] / best['framework_cpu_ms_per_turn']:.2f}x less);"
+            f" MiB/rollout {best['peak_mib_per_rollout']:.2f} vs {peer['peak_mib_per_rollout']:.2f}")
+    for peer in [r for r in rows if r["system"] == "mini-swe-agent" and not _ok(r)]:
+        lines.append(f"mini-swe-agent at concurrency {peer['concurrency']} failed: {peer['failed'][-300:]}")
+    return lines
+
+
+def target_lines(rows: list[dict[str, Any]], alone: dict[str, float]) -> list[str]:
+    ours = [r for r in rows if r["system"] == "uni-agent"]
+    lines = ["targets (uni-agent):"]
+
+    def mark(ok: bool) -> str:
+        return "MET    " if ok else "NOT MET"
+
+    at = [r for r in ours if r["concurrency"] == TARGET_EFFICIENCY_AT]
+    if at:
+        best = max(at, key=lambda r: r["efficiency"])
+        lines.append(f"  [{mark(best['efficiency'] >= TARGET_EFFICIENCY)}] >= {TARGET_EFFICIENCY} of ideal throughput at "
+                     f"{TARGET_EFFICIENCY_AT} concurrent: {best['efficiency']:.2f} ({best['workers']} worker(s); "
+                     + ", ".join(f"{r['workers']}w {r['efficiency']:.2f}" for r in at) + f") on {os.cpu_count()} CPUs")
+    else:
+        lines.append(f"  [not run] >= {TARGET_EFFICIENCY} of ideal at {TARGET_EFFICIENCY_AT}: add it to --concurrency")
+    if ours:
+        worst = max(ours, key=lambda r: r["framework_cpu_ms_per_turn"])
+        lines.append(f"  [{mark(worst['framework_cpu_ms_per_turn'] < TARGET_CPU_MS_PER_TURN)}] framework CPU < "
+                     f"{TARGET_CPU_MS_PER_TURN:g} ms/turn: " + ", ".join(
+                         f"c{r['concurrency']}/{r['workers']}w {r['framework_cpu_ms_per_turn']:.2f}" for r in ours))
+    lines.append(f"  [{mark(alone['p50_ms'] < TARGET_START_P50_MS)}] local sandbox start p50 < {TARGET_START_P50_MS:g} ms, "
+                 f"alone: {alone['p50_ms']:.0f} ms (p95 {alone['p95_ms']:.0f})")
+    if ours:
+        worst = max(ours, key=lambda r: r["sandbox_start_p50_ms"])
+        lines.append(f"  [{mark(worst['sandbox_start_p50_ms'] < TARGET_START_P50_MS)}] local sandbox start p50 < "
+                     f"{TARGET_START_P50_MS:g} ms, inside the runs (all rollouts of a wave start at once): " + ", ".join(
+                         f"c{r['concurrency']}/{r['workers']}w {r['sandbox_start_p50_ms']:.0f}" for r in ours))
+    big = [r for r in ours if r["concurrency"] == TARGET_FULL_COMPLETION_AT]
+    if big:
+        ok = all(r["ok"] == r["rollouts"] for r in big)
+        lines.append(f"  [{mark(ok)}] {TARGET_FULL_COMPLETION_AT} concurrent rollouts complete without failures: "
+                     + ", ".join(f"{r['workers']}w {r['ok']}/{r['rollouts']}" for r in big))
+    else:
+        lines.append(f"  [not run] {TARGET_FULL_COMPLETION_AT} concurrent rollouts: add it to --concurrency")
+    return lines
+

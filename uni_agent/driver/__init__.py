@@ -1,0 +1,17 @@
+"""The driver's parts: what `uni_agent.runner.run` and `uni_agent.driver.verify.verify_all` are built from.
+
+    inputs      the one input loader of `run` and `verify`: agent configs, rows, specs, rejected rows
+    cluster     the Dask client (a running scheduler, or a LocalCluster) and which workers take sandboxes
+    pool        the AgentWorker actors, each with the worker the pool placed it on
+    policy      the dispatch policy: events in (rollout done, call failed, workers gone), decisions out; no I/O
+    dispatch    the loop that carries out the policy's decisions: actor calls, replacements, verification futures
+    mailbox     rollouts to an actor in batches (two long-lived calls per actor, not one per rollout)
+    progress    what a watcher sees: the terminal line and the events the dashboard page reads
+    dataset     reading dataset rows (the seed schema) into rollout specs, with errors that name the row
+    results     the Parquet results on disk, appended as rollouts finish; a rerun resumes from them
+    summary     summary.json: Avg@N, pass@k, exit reasons, failure kinds, throughput
+    manifest    run.json: what produced a run (settings, agent configs, inputs, versions)
+    verify      `uni-agent verify`: grade each task's gold or empty answer, in parallel as Dask futures
+
+Nothing is imported here, so that `from uni_agent.driver.policy import DispatchPolicy` loads no Dask.
+"""

@@ -1,0 +1,110 @@
+"""The cluster a run uses, and which of its workers take agents and sandboxes.
+
+`cluster_client` connects to a running scheduler (by address or scheduler file; SLURM jobs may still be queued, so it
+waits for workers) or starts a LocalCluster on this machine, and prints where to watch. Sandbox workers are those that
+declare a SANDBOX resource, else those that declare no GPUs; verification futures go there too. Where engine replicas
+run on the GPU workers is uni_agent.engines.placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from distributed import Client, LocalCluster
+
+from ..dashboard import page_url
+from ..settings import RunSettings
+
+SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
+LOCAL_SANDBOXES = 1024  # what a LocalCluster's workers declare: the agents' concurrency is the real bound
+
+
+@contextlib.asynccontextmanager
+async def cluster_client(settings: RunSettings, scheduler_address: str | None = None) -> AsyncIterator[Client]:
+    """An asynchronous Client of the scheduler given (argument, then settings), else of a new LocalCluster."""
+    address = scheduler_address or settings.scheduler_address
+    if address or settings.scheduler_file:
+        kwargs = {"address": address} if address else {"scheduler_file": settings.scheduler_file}
+        async with Client(asynchronous=True, **kwargs) as client:
+            await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
+                                   gpus=settings.nnodes * settings.n_gpus_per_node if settings.engine == "vllm" else 0)
+            print_pages(client)
+            yield client
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        cluster = await stack.enter_async_context(LocalCluster(
+            n_workers=settings.local_workers, threads_per_worker=settings.threads_per_worker, processes=True,
+            asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
+            resources={SANDBOX: LOCAL_SANDBOXES},
+        ))
+        if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
+            from distributed import Nanny
+
+            await stack.enter_async_context(Nanny(
+                cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", dashboard_address=":0",
+                resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
+        client = await stack.enter_async_context(Client(cluster, asynchronous=True))
+        print_pages(client)
+        yield client
+
+
+def print_pages(client: Client) -> None:
+    """Where to watch: Dask's dashboard and the uni-agent page next to it (any scheduler: local, file, address)."""
+    link = client.dashboard_link
+    if not link:
+        print("uni-agent page: none (the scheduler serves no dashboard; start it without --no-dashboard)",
+              file=sys.stderr)
+        return
+    print(f"dask dashboard: {link}", file=sys.stderr)
+    print(f"uni-agent page: {page_url(link)}", file=sys.stderr)
+
+
+async def wait_for_workers(client: Any, timeout: float, *, gpu_resource: str, gpus: int = 0) -> None:
+    """On a cluster started apart, wait until a worker can take sandboxes (it declares SANDBOX, or no GPUs) and the
+    GPU workers declare `gpus` GPUs, or `timeout` seconds; then placement names whatever is still missing."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        info = (await client.scheduler.identity(n_workers=-1))["workers"]
+        resources = [w.get("resources") or {} for w in info.values()]
+        have_gpus = sum(float(r.get(gpu_resource, 0)) for r in resources)
+        sandbox = sum(SANDBOX in r or gpu_resource not in r for r in resources)
+        if (sandbox and have_gpus >= gpus) or time.monotonic() > deadline:
+            return
+        status = f"{sandbox} for sandboxes, {have_gpus:g} of {gpus} GPUs"
+        if status != said:
+            print(f"waiting up to {timeout:g}s for dask workers: {status}", file=sys.stderr)
+            said = status
+        await asyncio.sleep(1)
+
+
+async def live_workers(client: Client) -> set[str]:
+    """The addresses of the workers the scheduler knows now."""
+    return set((await client.scheduler.identity(n_workers=-1))["workers"])
+
+
+async def sandbox_workers(client: Client, gpu_resource: str) -> list[str]:
+    """Workers that declare a SANDBOX resource; when none does, every worker that declares no `gpu_resource`. Agents
+    and sandboxes go to a GPU worker only when it also declares SANDBOX (`--resources GPU=8,SANDBOX=32`)."""
+    info = (await client.scheduler.identity(n_workers=-1))["workers"]
+    tagged = sorted(addr for addr, w in info.items() if SANDBOX in (w.get("resources") or {}))
+    untagged = sorted(addr for addr, w in info.items() if gpu_resource not in (w.get("resources") or {}))
+    if tagged or untagged:
+        return tagged or untagged
+    raise RuntimeError(f"no dask worker can take agents and sandboxes ({len(info)} connected, all GPU workers): "
+                       "start CPU workers with `dask worker --resources SANDBOX=N` (or declare SANDBOX=N on GPU workers)")
+
+
+async def verification_placement(client: Client, workers: list[str]) -> dict[str, Any]:
+    """Where verification futures go (keyword arguments of client.submit): by the SANDBOX resource where workers
+    declare it (which also caps how many run at once per worker), else pinned to the sandbox workers. Asking for a
+    resource no worker has would wait forever."""
+    info = (await client.scheduler.identity(n_workers=-1))["workers"]
+    if any(SANDBOX in (info[addr].get("resources") or {}) for addr in workers if addr in info):
+        return {"resources": {SANDBOX: 1}}
+    return {"workers": workers, "allow_other_workers": False}

@@ -1,0 +1,176 @@
+"""The dispatch loop: every rollout to an agent worker (bounded by its agent's `concurrency`), each finished one
+verified as a Dask future and recorded. What to do at each turn (which actor, retry, replace, give up) is the
+DispatchPolicy's decision (uni_agent.driver.policy); this module only carries it out: actor calls, scheduler
+queries, actor starts, verification futures, events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from distributed import Client
+
+from ..episode.failures import classify
+from ..redact import redact
+from .results import ResultStore
+from ..episode.rollout import RolloutResult, RolloutSpec
+from ..settings import RunSettings
+from ..grading import Verification, verify_patch
+from .cluster import sandbox_workers
+from .mailbox import Mailboxes
+from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor
+from .pool import ActorPool
+from .progress import Progress, RolloutEvents
+
+log = structlog.get_logger("uni_agent.driver")
+VERIFY_MARGIN_S = 120  # on top of the grader's own bounds: a verification future that never reports gives up then
+
+
+class AgentWorkersLost(RuntimeError):
+    """Every agent worker was lost and no dask worker came back to host new ones. The results recorded so far are
+    on disk; the rollouts that did not finish are not recorded, so a rerun with the same output dir runs them."""
+
+
+class Dispatcher:
+    def __init__(self, client: Client, pool: ActorPool, policy: DispatchPolicy, store: ResultStore,
+                 settings: RunSettings, placement: dict[str, Any]):
+        self.client, self.pool, self.policy, self.store, self.settings = client, pool, policy, store, settings
+        self.placement = placement  # where verification futures go (cluster.verification_placement)
+        self.limits: dict[str, asyncio.Semaphore] = {}  # agent name -> its `concurrency`
+        self.progress = Progress(settings.progress)
+        self.events = RolloutEvents(client)
+        self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
+        self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each
+        self._replacing = asyncio.Lock()  # many rollouts notice the same loss at once: replace once
+        # After each run of a rollout, before it is verified and recorded: True runs it again (the online service's
+        # staleness bound, uni_agent.online.service); it may also fill in the row (step, versions, masking).
+        self.review: Callable[[RolloutSpec, RolloutResult], bool] | None = None
+
+    async def start_actors(self, workers: list[str]) -> None:
+        for worker in self.policy.initial_workers(workers):
+            actor = await self.pool.start_actor(worker)
+            self.policy.actor_started(actor.name, actor.worker)
+
+    async def run(self, todo: list[RolloutSpec]) -> None:
+        self.progress.start(len(todo))
+        await self.events.queued(todo)
+        try:
+            await asyncio.gather(*(self.run_one(spec) for spec in todo))
+        finally:
+            self.progress.close()
+            await self.mailboxes.close()
+        if self.not_run:
+            raise AgentWorkersLost(
+                f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
+                f" s: {len(self.not_run)} of {len(todo)} rollouts did not finish and are not recorded; rerun with the "
+                "same output dir to run them")
+
+    async def run_one(self, spec: RolloutSpec) -> RolloutResult | None:
+        """One rollout: run (again while `review` asks), verified, recorded; None when no agent worker was left."""
+        limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
+        async with limit:
+            self.progress.started()
+            if self.settings.verify and spec.agent.reward.in_agent_sandbox:
+                spec = dataclasses.replace(spec, grade_in_sandbox=True)
+            try:
+                result = await self._rollout(spec)
+                while self.review is not None and self.review(spec, result):
+                    result = await self._rollout(spec)
+            except AgentWorkersLost:
+                self.policy.rollout_abandoned(spec.key)
+                self.not_run.append(spec)
+                await self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
+                return None
+            if self.settings.verify and not spec.grade_in_sandbox:
+                await self.events.state(spec, "verifying", worker=result.worker)
+                await self._verify(spec, result)
+        self.store.add(result)
+        await self.events.finished(spec, result)
+        self.progress.update(result)
+        log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
+                 exit_reason=result.exit_reason)
+        return result
+
+    async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
+        while True:
+            step = self.policy.next_step(spec.key)
+            if isinstance(step, GiveUp):
+                return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
+                                     exit_reason="error", error=f"agent worker failed: {step.error}",
+                                     failure_kind="infra", failure_cause=f"worker: {step.error}"[:2000])
+            if isinstance(step, NeedActor):
+                if not await self._replace(None):
+                    raise AgentWorkersLost()
+                continue
+            assert isinstance(step, Send)
+            try:
+                result = await self.mailboxes.run(self.pool.handle(step.actor), spec)
+            except asyncio.CancelledError:  # its caller cancelled it (the online service): no longer in flight
+                self.policy.rollout_done(spec.key, step.actor)
+                raise
+            except Exception as exc:  # the actor or its worker failed, not the rollout: the policy says what next
+                error = redact(f"{type(exc).__name__}: {exc}")
+                log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout, error=error)
+                decision = self.policy.call_failed(spec.key, step.actor, error, await self.pool.live_workers())
+                if isinstance(decision, Replace) and not await self._replace(decision.actor):
+                    raise AgentWorkersLost() from exc
+                continue
+            self.policy.rollout_done(spec.key, step.actor)
+            return result
+
+    async def _replace(self, lost: str | None) -> bool:
+        """Drop a lost actor (and any other whose worker is gone) and start a replacement, as the policy decides;
+        False when no actor is left and no worker came back within `worker_wait_timeout`."""
+        async with self._replacing:
+            for name in self.policy.drop(lost, await self.pool.live_workers()):
+                actor = self.pool.drop(name)
+                log.warning("agent_worker_lost", worker=actor.worker if actor else "",
+                            actors_left=len(self.policy.placed))
+            if self.policy.enough_actors():
+                return True
+            self.policy.replacement_begins(time.monotonic())
+            while True:
+                workers: list[str] = []
+                with contextlib.suppress(RuntimeError):  # RuntimeError: no worker can take sandboxes (yet)
+                    workers = await sandbox_workers(self.client, self.settings.gpu_resource_name)
+                step = self.policy.replacement_step(workers, time.monotonic())
+                if isinstance(step, StartActor):
+                    try:
+                        actor = await self.pool.start_actor(step.worker, step.timeout)
+                    except Exception:  # the worker may die before the actor is up
+                        step = self.policy.start_failed(time.monotonic())
+                    else:
+                        self.policy.actor_started(actor.name, actor.worker)
+                        log.warning("agent_worker_replaced", worker=actor.worker)
+                        return True
+                if isinstance(step, Enough):
+                    return True
+                if isinstance(step, NoWorkerCameBack):
+                    return False
+                await asyncio.sleep(1)
+
+    async def _verify(self, spec: RolloutSpec, result: RolloutResult) -> None:
+        future = self.client.submit(
+            verify_patch, spec.agent, result.patch, f"{spec.instance_id}-r{spec.rollout}-verify",
+            pure=False, **self.placement, key=f"verify-{spec.instance_id}-r{spec.rollout}-{uuid.uuid4().hex[:6]}",
+        )
+        # The grader bounds itself by eval_timeout once it runs; this bound also covers a future that never runs
+        # or never reports (a lost worker, a stuck thread), so one rollout can never hold the run forever.
+        deployment = spec.agent.env.deployment
+        limit = spec.agent.reward.eval_timeout + deployment.startup_timeout * deployment.start_retries + VERIFY_MARGIN_S
+        try:
+            verification: Verification = await asyncio.wait_for(future, limit)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self.client.cancel([future])
+            verification = Verification(status="timeout", error=f"no verification result within {limit:g} s")
+        except Exception as exc:
+            verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
+        result.record(verification)
+        classify(result)  # a grader that could not run is an infra failure, a wrong answer the model's

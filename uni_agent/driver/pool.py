@@ -1,0 +1,85 @@
+"""The AgentWorker actors of a run. The pool places each actor on a worker it chooses (`workers=[worker]`) and records
+that worker itself, so it never reads Dask's private actor attributes to learn where an actor lives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distributed import Client
+
+from ..llm import token_capture_for
+from ..settings import RunSettings
+from ..episode.worker import AgentWorker
+from .cluster import live_workers
+from .policy import ACTOR_START_TIMEOUT
+
+
+@dataclass
+class PooledActor:
+    name: str  # the key of its future, unique in the run
+    worker: str  # the worker the pool placed it on
+    handle: Any  # the distributed Actor: its methods are the AgentWorker's
+
+
+class ActorPool:
+    def __init__(self, client: Client, engines: Any, settings: RunSettings, log_dir: Path):
+        self.client, self.engines, self.settings, self.log_dir = client, engines, settings, log_dir
+        self.actors: dict[str, PooledActor] = {}  # the actors in use; a dropped one leaves
+        self.futures: list[Any] = []  # an actor lives only while its future is referenced: kept for the whole run
+
+    async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
+        e = self.engines
+        name = f"agent-worker-{len(self.futures)}-{uuid.uuid4().hex[:8]}"
+        future = self.client.submit(
+            AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
+            str(self.log_dir), self.settings.log_level,
+            token_capture=token_capture_for(self.settings.token_capture, self.settings.engine),
+            actor=True, workers=[worker], key=name,
+        )
+        waiter = asyncio.ensure_future(_awaited(future))
+        deadline = time.monotonic() + timeout
+        try:
+            # Pinned to one worker, the actor never starts if that worker dies first: give up as soon as the
+            # scheduler no longer knows it, rather than at the deadline.
+            while not (await asyncio.wait({waiter}, timeout=1.0))[0]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"agent worker did not start on {worker} within {timeout:g} s")
+                if worker not in await self.live_workers():
+                    raise RuntimeError(f"worker {worker} left before its agent worker started")
+            handle = waiter.result()
+        except BaseException:
+            waiter.cancel()
+            with contextlib.suppress(Exception):
+                await self.client.cancel([future])
+            raise
+        self.futures.append(future)
+        actor = self.actors[name] = PooledActor(name, worker, handle)
+        return actor
+
+    def handle(self, name: str) -> Any:
+        return self.actors[name].handle
+
+    def drop(self, name: str) -> PooledActor | None:
+        """Stop using an actor (its worker is gone); returns its record."""
+        return self.actors.pop(name, None)
+
+    async def live_workers(self) -> set[str]:
+        try:
+            return await live_workers(self.client)
+        except Exception:  # cannot tell: count every actor as alive rather than drop it for a scheduler hiccup
+            return {actor.worker for actor in self.actors.values()}
+
+    async def close(self) -> None:
+        for actor in self.actors.values():
+            with contextlib.suppress(Exception):
+                await actor.handle.close()
+
+
+async def _awaited(future: Any) -> Any:
+    return await future

@@ -1,0 +1,53 @@
+"""Whose failure a rollout is: `none` (resolved), `model` (it ran out of turns, context or time, or its answer was
+wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader failed). An infra row is not a model
+result: the summary counts it apart, and `--retry-errors` runs it again.
+
+The agent loop knows which part failed (it catches the exception) and calls `infra`; `classify` settles the rest
+from the episode's end and the verification recorded on the row (called again once the grade is known)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from .exit_reason import ExitReason
+
+if TYPE_CHECKING:
+    from .rollout import RolloutResult
+
+
+def infra(result: RolloutResult, part: str, error: str) -> None:
+    """Mark `result` an infrastructure failure of `part` (sandbox, llm, worker, verification)."""
+    result.failure_kind, result.failure_cause = "infra", f"{part}: {error}"[:2000]
+
+
+def classify(result: RolloutResult) -> None:
+    """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
+    if result.failure_kind == "infra":
+        return
+    verification = json.loads(result.verification or "{}")  # "{}" until graded
+    verification_status, verification_error = verification.get("status"), verification.get("error")
+    if result.exit_reason == ExitReason.ERROR:  # an error the loop did not attribute: the loop's own machinery failed
+        infra(result, "agent", result.error or "the episode ended in an error")
+        return
+    if verification_status == "error" or (verification_status == "timeout" and verification_error
+                                           and verification_error.startswith(NO_RESULT)):
+        infra(result, "verification", verification_error or verification_status)
+        return
+    if result.resolved:
+        result.failure_kind, result.failure_cause = "none", None
+        return
+    if result.exit_reason == ExitReason.SUBMITTED and verification_status is None:  # not graded (yet, or --no-verify)
+        result.failure_kind, result.failure_cause = "none", "not verified"
+        return
+    result.failure_kind = "model"
+    if result.exit_reason != ExitReason.SUBMITTED:  # max_turns, context_limit, command_timeouts, wall_clock
+        # (malformed calls end as max_turns)
+        result.failure_cause = result.exit_reason
+    elif verification_status in ("patch_failed", "timeout"):
+        result.failure_cause = f"verification {verification_status}"  # the model's patch did not apply or hung
+    else:
+        result.failure_cause = "unresolved"
+
+
+NO_RESULT = "no verification result"  # the driver's own bound on a verification future (driver.dispatch): infra

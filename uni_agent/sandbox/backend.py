@@ -1,0 +1,125 @@
+"""The skeleton every sandbox backend fills in: where the sandbox lives is the backend's, how commands run is not.
+
+A backend implements three steps: `_launch()` starts the sandbox with the supervisor running in it and returns the
+two ends of the supervisor's stdin/stdout; `_provision()` puts the task repository in (when the backend has to copy
+it); `_teardown()` removes the sandbox. Everything else (the session, the first shell state, the probe, exec with
+timeouts, closing on every path) is done here, the same for local, containers and Modal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
+from .repo import GIT_IDENTITY
+from .session import STATE_DIR_IN_SANDBOX, Session
+
+
+STDERR_TAIL_BYTES = 4000
+
+
+@dataclass
+class Transport:
+    """The supervisor's stdout, a way to write to (or, with None, close) its stdin, and why it ended."""
+
+    reader: asyncio.StreamReader
+    write: Callable[[bytes | None], Awaitable[None]]
+    describe_end: Callable[[], Awaitable[str]]
+
+
+def process_transport(proc: asyncio.subprocess.Process, what: str) -> Transport:
+    """The transport of a supervisor reached through a local process's pipes (bwrap; a container's `run` client).
+    `what` names that process in the message that says how it ended."""
+
+    async def write(data: bytes | None) -> None:
+        if proc.stdin is None or proc.returncode is not None:
+            raise BrokenPipeError(f"{what} is not running")
+        if data is None:
+            proc.stdin.close()
+            return
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+
+    async def describe_end() -> str:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        err = b""
+        if proc.stderr is not None:
+            with contextlib.suppress(TimeoutError):
+                err = await asyncio.wait_for(proc.stderr.read(STDERR_TAIL_BYTES * 4), 1)
+        status = f"{what} still running" if proc.returncode is None else f"{what} exit status {proc.returncode}"
+        tail = err.decode("utf-8", "replace").strip()[-STDERR_TAIL_BYTES:]
+        return f"{status}; stderr: {tail}" if tail else status
+
+    return Transport(proc.stdout, write, describe_end)  # type: ignore[arg-type]
+
+
+class SessionSandbox(ClosingContext):
+    """A sandbox reached through its supervisor. Subclasses set `config`, `name`, `workdir`, `env_variables`."""
+
+    state_dir = STATE_DIR_IN_SANDBOX
+    extra_env: dict[str, str] = {}  # what a backend adds to every sandbox's first shell state
+
+    def __init__(self, config, env_variables: dict[str, str] | None, name: str):  # noqa: ANN001 - a backend config
+        self.config = config
+        self.workdir: str = config.workdir
+        self.env_variables = dict(env_variables or {})
+        self.name = name
+        self.session: Session | None = None
+        self._closed = False
+
+    # -- what a backend provides -------------------------------------------------------------------------------
+    async def _launch(self) -> Transport:
+        raise NotImplementedError
+
+    async def _provision(self) -> None:
+        """Put the task repository in place, after the supervisor is up (nothing to do where it is mounted)."""
+
+    async def _teardown(self) -> None:
+        raise NotImplementedError
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} was closed")
+        transport = await self._launch()
+        session = Session(self.name, transport.reader, transport.write, transport.describe_end)
+        await session.wait_ready(self.config.startup_timeout)
+        self.session = session
+        await session.write_file(f"{self.state_dir}/state.sh", self._first_state().encode(), append=True)
+        await self._provision()
+        probe = await self.exec("true", timeout=max(1.0, self.config.startup_timeout))
+        if probe.exit_code != 0:
+            raise SandboxStartError(f"sandbox {self.name} does not run commands: exit {probe.exit_code}: "
+                                    f"{probe.output.strip()[-2000:]}")
+
+    def _first_state(self) -> str:
+        """Appended to the supervisor's environment as the first command's shell state."""
+        env = {**GIT_IDENTITY, **self.extra_env, **self.env_variables}
+        lines = [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+        return "\n".join([*lines, f"mkdir -p -- {shlex.quote(self.workdir)} 2>/dev/null",
+                          f"cd -- {shlex.quote(self.workdir)}", ""])
+
+    async def close(self) -> None:
+        """End the sandbox and everything running in it. Safe twice, after a failed start, and while cancelled."""
+        self._closed = True
+        session, self.session = self.session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(session.close())
+        task = asyncio.ensure_future(self._teardown())
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)  # a second cancellation does not stop the teardown
+
+    # -- commands ----------------------------------------------------------------------------------------------
+    async def exec(
+        self, command: str, timeout: float, *, stdin: bytes | None = None, merge_stderr: bool = True
+    ) -> ExecResult:
+        session = self.session
+        if session is None:
+            raise SandboxError(f"sandbox {self.name} is not running")
+        return await session.run(command, min(timeout, self.config.runtime_timeout), stdin, merge_stderr)

@@ -1,0 +1,301 @@
+"""The local backend: a bubblewrap sandbox per rollout, network off, host filesystem read-only.
+
+One process chain per sandbox, started once: it joins the sandbox's pids cgroup, enters a private mount namespace
+(`unshare --mount`) where the task repository is mounted at `workdir` copy-on-write (an overlayfs whose lower layer
+is the shared git snapshot of the repo and whose upper layer belongs to this sandbox), and becomes `bwrap`, which
+runs the sandbox supervisor (supervisor.py) in fresh namespaces. Every command is then a message to that supervisor
+(session.py): no process chain per command, and what a command leaves running in the background lives as long as
+the sandbox. Nothing is ever mounted on the host: the overlay exists only in the sandbox's namespace and goes with
+it. Debian's bubblewrap 0.8 has no overlay option, hence the mount before bwrap. Without root the chain first
+enters a user namespace of its own (userns.py), where the caller is root: the overlay is mounted there, and bwrap
+acts as it does for real root (an image's owners and User included, where the user has subordinate ids). Only
+where no overlay can be mounted at all is the workspace a plain copy (said once per process, in the log).
+
+The chain dies with its owner: `setpriv --pdeathsig KILL` (kept across the execs that follow) and bwrap's
+`--die-with-parent`; the supervisor also exits when its stdin closes. Closing the sandbox ends the pid namespace,
+and with it every process in the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import structlog
+
+from ..config import LocalDeploymentConfig
+from .backend import SessionSandbox, Transport, process_transport
+from .base import ExecResult, SandboxError, SandboxStartError
+from .bwrap import Mounts, bwrap_argv
+from .image_store import ImageLease, ImageRootfs, ImageStore
+from .private_dir import make_private_subdir, sandbox_root
+from .process_limit import ProcessLimit, reap_orphaned_cgroups
+from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
+from .supervisor import CAPTURE_LIMIT_BYTES
+from .userns import NO_SUBORDINATE_IDS, UserNamespace, remove_tree, user_namespace
+
+__all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
+
+log = structlog.get_logger("uni_agent.sandbox")
+
+STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
+CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
+
+
+OWNER_FILE = "owner.pid"
+
+
+def reap_orphaned_sandboxes(root: Path) -> list[Path]:
+    """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
+
+    Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
+    sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
+    last one. Kept cheap with a thousand sandboxes under the root (a read per dir per start would be O(n^2) in all):
+    each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
+    that finds another one running in this process returns at once (that one is as recent)."""
+    if not _reap_lock.acquire(blocking=False):
+        return []
+    try:
+        removed = []
+        prefix = os.path.join(root, "")  # plain strings: a Path per dir per start is what costs with 1000 dirs
+        names = os.listdir(root)
+        listed = {prefix + name for name in names}
+        for gone in [key for key in _owners if key.startswith(prefix) and key not in listed]:
+            del _owners[gone]
+        alive: dict[int, bool] = {}
+        for name in names:
+            key = prefix + name
+            owner = _owners.get(key)
+            if owner is None:
+                try:
+                    with open(os.path.join(key, OWNER_FILE)) as f:
+                        owner = _owners[key] = int(f.read())
+                except (OSError, ValueError):
+                    continue  # not ours, or still being created
+            if owner not in alive:
+                alive[owner] = os.path.exists(f"/proc/{owner}")
+            if not alive[owner]:
+                remove_tree(key)
+                removed.append(root / name)
+                _owners.pop(key, None)
+        reap_orphaned_cgroups()  # machine-wide: also those of sandboxes under another root
+        return removed
+    finally:
+        _reap_lock.release()
+
+
+_reap_lock = threading.Lock()
+_owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
+
+
+def image_store() -> ImageStore:
+    """This process's view of the node's image cache (UNI_AGENT_IMAGE_CACHE), made on first use."""
+    root = os.environ.get("UNI_AGENT_IMAGE_CACHE", "")
+    if root not in _image_stores:
+        _image_stores[root] = ImageStore(root or None)
+    return _image_stores[root]
+
+
+_image_stores: dict[str, ImageStore] = {}
+
+
+class LocalSandbox(SessionSandbox):
+    def __init__(self, config: LocalDeploymentConfig, env_variables: dict[str, str] | None = None, name: str = ""):
+        if config.repo is None and config.image is None:  # the YAML may leave both to the rows; a row must not
+            raise SandboxStartError("local deployment needs `repo` (a directory or bundled:<instance_id>), `image`, "
+                                    "or both")
+        super().__init__(config, env_variables, f"{name or 'sbx'}-{uuid.uuid4().hex[:8]}")
+        self.dir: Path | None = None
+        self.use_overlay = False
+        self._proc: asyncio.subprocess.Process | None = None
+        self._base: Path | None = None  # the shared snapshot of the task repo, when there is one
+        self._lease: ImageLease | None = None  # the unpacked image, when the sandbox runs one
+        self._userns: UserNamespace | None = None  # the user namespace the chain starts in (not as root)
+        self.process_limit = ProcessLimit(self.name, config.pids_limit)
+
+    extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
+
+    # -- where it lives ----------------------------------------------------------------------------------------
+    async def _launch(self) -> Transport:
+        if shutil.which("bwrap") is None:
+            raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
+        self._userns = await asyncio.to_thread(user_namespace)
+        if self.config.image:
+            self._lease = await asyncio.to_thread(image_store().open, self.config.image)
+            if "workdir" not in self.config.model_fields_set and self._lease.image.workdir:
+                self.workdir = self._lease.image.workdir  # the image's WorkingDir, unless the row names one
+            self._check_user(self._lease.image)
+        if self.config.repo:
+            self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
+        root = await asyncio.to_thread(sandbox_root)
+        await asyncio.to_thread(reap_orphaned_sandboxes, root)
+        image_dirs = ("root-upper", "root-work", "root") if self._lease is not None else ()
+        self.dir = await asyncio.to_thread(
+            make_private_subdir, root, self.name, ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST,
+                                                   *image_dirs), {OWNER_FILE: str(os.getpid())})
+        self.process_limit.create()
+        self.use_overlay = await self._overlay_wanted()
+        if not self.use_overlay:
+            await self._copy_workspace()
+        if self._lease is not None and not os.path.lexists(self._lease.image.rootfs / "run"):
+            # bwrap would make /run for the state dir itself, mode 0700: closed to an image's User
+            os.mkdir(self.dir / ("root-upper" if self.use_overlay else "root") / "run", 0o755)
+        if self._switches_user() and self._userns is None:  # as root; in a namespace, its setup script does it
+            for sub in self._user_dirs():
+                os.chown(sub, self._lease.image.uid, self._lease.image.gid)  # type: ignore[union-attr]
+        self._proc = await self._spawn(self._argv(self.use_overlay))
+        return process_transport(self._proc, "bwrap")
+
+    def _switches_user(self) -> bool:
+        return self._lease is not None and self._lease.image.uid != 0
+
+    def _user_dirs(self) -> list[Path]:
+        """What the image's User must be able to write."""
+        assert self.dir is not None
+        return [self.dir / sub for sub in (STATE_DIR_ON_HOST, "upper", "merged")]
+
+    def _check_user(self, image: ImageRootfs) -> None:
+        """An image's User that cannot be switched to here is a clear error, not a retried start."""
+        if image.uid == 0 or os.geteuid() == 0:
+            return
+        namespace = self._userns
+        if namespace is None:
+            why = "unprivileged user namespaces are refused here"
+        elif not namespace.subordinate:
+            why = NO_SUBORDINATE_IDS
+        elif max(image.uid, image.gid) >= namespace.ids:
+            why = f"your subordinate ids map only 0..{namespace.ids - 1} (a larger range in /etc/subuid, /etc/subgid)"
+        else:
+            return
+        raise SandboxError(f"image {image.reference!r} runs as User {image.uid}:{image.gid}, which needs root or "
+                           f"subordinate ids: {why}")
+
+    async def _copy_workspace(self) -> None:
+        """Full copies, where no overlay can be mounted (slow for an image: seconds and its size on disk each)."""
+        if self._userns is None:
+            await asyncio.to_thread(self._copy_layers)
+            return
+        for lower, _, _, target in self._layers():  # as root of the namespace, so that the image's owners stay
+            proc = await asyncio.create_subprocess_exec(
+                *self._userns.argv(mount=False), "cp", "-a", "--", f"{lower}/.", str(target),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise SandboxStartError(f"copying {lower} into sandbox {self.name} failed: "
+                                        f"{err.decode(errors='replace').strip()[-1000:]}")
+
+    def _copy_layers(self) -> None:
+        for lower, _, _, target in self._layers():
+            shutil.copytree(lower, target, symlinks=True, dirs_exist_ok=True)
+
+    def _layers(self) -> list[tuple[Path, Path, Path, Path]]:
+        """(shared read-only lower dir, this sandbox's upper and work dirs, mount point) per copy-on-write tree."""
+        assert self.dir is not None
+        d, layers = self.dir, []
+        if self._lease is not None:
+            layers.append((self._lease.image.rootfs, d / "root-upper", d / "root-work", d / "root"))
+        if self._base is not None:
+            layers.append((self._base, d / "upper", d / "work", d / "merged"))
+        return layers
+
+    async def _overlay_wanted(self) -> bool:
+        possible = os.geteuid() == 0 or self._userns is not None
+        wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and possible)
+        if wanted and not _overlay_works:  # probed until it first works, then known for the process
+            if await self._probe_overlay():
+                _overlay_works.append(True)
+            elif self.config.workspace == "overlay":
+                raise SandboxError("overlayfs workspace requested but it cannot be mounted here: it needs root, or "
+                                   "Linux 5.11 or later with unprivileged user namespaces allowed")
+            else:
+                wanted = False
+        if not wanted and self.config.workspace == "auto" and not _copy_said:
+            _copy_said.append(True)
+            log.warning("sandbox_workspace_copied", detail="overlayfs cannot be mounted here (not as root, nor in a "
+                        "user namespace): every local sandbox copies its repo and image root, seconds and the "
+                        "image's size on disk per start")
+        return wanted
+
+    async def _probe_overlay(self) -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            *self._namespace_prefix(overlay=True), "true", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        return await proc.wait() == 0
+
+    async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, limit=1 << 20)
+
+    def _argv(self, overlay: bool) -> list[str]:
+        # The cgroup is joined first, so the whole sandbox (bwrap, supervisor, commands) counts against pids.max.
+        prefix = self.process_limit.command_prefix() + ["setpriv", "--pdeathsig", "KILL"]
+        return prefix + self._namespace_prefix(overlay) + self._bwrap_args()
+
+    def _namespace_prefix(self, overlay: bool) -> list[str]:
+        """The namespaces the chain enters before bwrap, and its setup there: the image's User's dirs handed to it
+        (in a user namespace, where the caller is root), each copy-on-write tree mounted (with `overlay`)."""
+        trees = [str(path) for layer in self._layers() for path in layer] if overlay else []
+        if self._userns is not None:
+            image = self._lease.image if self._lease is not None and self._switches_user() else None
+            owner = f"{image.uid}:{image.gid}" if image is not None else ""
+            dirs = [str(path) for path in self._user_dirs()] if image is not None else []
+            return [*self._userns.argv(mount=True), "sh", "-c", SETUP_SCRIPT, "sh", owner, *dirs, "--", *trees, "--"]
+        if overlay:
+            return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SETUP_SCRIPT, "sh", "", "--",
+                    *trees, "--"]
+        return []
+
+    async def _teardown(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            # The session closed the supervisor's stdin: it ends its commands and exits, and bwrap with it. Waited
+            # for a moment (so the CPU it used is accounted to this process), then killed: bwrap's pid namespace
+            # goes with it, every process of the sandbox.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), CLOSE_GRACE_S)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.wait()
+        await asyncio.to_thread(self.process_limit.remove)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+        if self.dir is not None:
+            await asyncio.to_thread(remove_tree, self.dir)
+            self.dir = None
+
+    async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
+                   merge_stderr: bool = True) -> ExecResult:
+        if self.dir is not None and not os.path.isdir(self.dir):  # a stat: cheap next to the command
+            raise SandboxError(f"sandbox {self.name} is gone: {self.dir} was removed while in use")
+        return await super().exec(command, timeout, stdin=stdin, merge_stderr=merge_stderr)
+
+    def _bwrap_args(self) -> list[str]:
+        assert self.dir is not None
+        d = self.dir
+        image = self._lease.image if self._lease is not None else None
+        mounts = Mounts(root=d / "root" if image else None, repo=d / "merged" if self._base else None,
+                        tmp=d / "tmp", home=d / "home", state=d / STATE_DIR_ON_HOST)
+        # Limits set here bind the supervisor and so every command (a shell's `ulimit` is inherited).
+        limits = [self.process_limit.shell_limit()]
+        if self.config.max_memory_mb:
+            limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
+        return bwrap_argv(mounts, self.workdir, self.state_dir, image, network=self.config.network,
+                          shell_limits=" ".join(limits), read_only=self.config.mounts)
+
+
+# Run by `sh` in the sandbox's namespaces before bwrap. Its arguments: OWNER (uid:gid, or empty) and the dirs to
+# give to it, `--`, then lower, upper, work dir and mount point of each copy-on-write tree, `--`, then bwrap's argv.
+SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1" || exit 1; shift; done; shift; '
+                'while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
+                '|| exit 1; shift 4; done; shift; exec "$@"')
+
+_overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
+_copy_said: list[bool] = []  # [True] once the fallback to copies was logged

@@ -1,0 +1,1 @@
+"""Task sources that produce dataset rows in the seed schema."""

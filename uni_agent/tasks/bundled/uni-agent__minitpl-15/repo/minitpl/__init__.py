@@ -1,0 +1,3 @@
+from .render import FILTERS, TemplateError, render
+
+__all__ = ["FILTERS", "TemplateError", "render"]

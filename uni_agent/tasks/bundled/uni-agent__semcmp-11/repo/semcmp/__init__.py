@@ -1,0 +1,3 @@
+from .version import Version, latest
+
+__all__ = ["Version", "latest"]

@@ -1,0 +1,3 @@
+from .core import gaps, merge, overlaps, total_length
+
+__all__ = ["gaps", "merge", "overlaps", "total_length"]

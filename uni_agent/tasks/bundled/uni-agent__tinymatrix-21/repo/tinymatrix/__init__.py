@@ -1,0 +1,3 @@
+from .ops import add, determinant, identity, multiply, scale, shape, transpose
+
+__all__ = ["add", "determinant", "identity", "multiply", "scale", "shape", "transpose"]

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'Hello, Terminal-Bench!' > /app/greeting.txt

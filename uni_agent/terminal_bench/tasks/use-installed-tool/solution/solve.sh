@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "$ROT_TEXT" | "$ROT_TOOL" > /app/encoded.txt
