@@ -73,7 +73,10 @@ class RunSettings(BaseSettings):
     model_name: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
-    engine_replicas: int = Field(1, ge=1)
+    engine_replicas: int = Field(1, ge=1)  # llama_cpp on the CPUs: servers (on GPUs: engine_servers_per_gpu)
+    # llama_cpp on GPUs: servers per GPU group, its slots (engine_parallel) split among them. Several beat one: a
+    # server samples its slots one after another on one thread (docs/benchmarks.md, servers per GPU).
+    engine_servers_per_gpu: int = Field(4, ge=1)
     engine_threads: int | None = Field(None, ge=1)
     engine_device: Literal["auto", "cpu", "gpu"] = "auto"
     engine_parallel: int | None = Field(None, ge=1)

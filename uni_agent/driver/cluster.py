@@ -32,7 +32,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
         kwargs = {"address": address} if address else {"scheduler_file": settings.scheduler_file}
         async with Client(asynchronous=True, **kwargs) as client:
             await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
-                                   gpus=settings.nnodes * settings.n_gpus_per_node if settings.engine == "vllm" else 0)
+                                   gpus=gpus_needed(settings))
             print_pages(client)
             yield client
         return
@@ -64,6 +64,13 @@ def print_pages(client: Client) -> None:
     print(f"uni-agent page: {page_url(link)}", file=sys.stderr)
 
 
+def gpus_needed(settings: RunSettings) -> int:
+    """GPUs the engines will be placed on: vLLM's, and llama.cpp's when engine_device says gpu (with `auto` the
+    engine goes where the GPUs are, so none are waited for)."""
+    on_gpus = settings.engine == "vllm" or (settings.engine == "llama_cpp" and settings.engine_device == "gpu")
+    return settings.nnodes * settings.n_gpus_per_node if on_gpus else 0
+
+
 async def wait_for_workers(client: Any, timeout: float, *, gpu_resource: str, gpus: int = 0) -> None:
     """On a cluster started apart, wait until a worker can take sandboxes (it declares SANDBOX, or no GPUs) and the
     GPU workers declare `gpus` GPUs, or `timeout` seconds; then placement names whatever is still missing."""
@@ -76,7 +83,7 @@ async def wait_for_workers(client: Any, timeout: float, *, gpu_resource: str, gp
         sandbox = sum(SANDBOX in r or gpu_resource not in r for r in resources)
         if (sandbox and have_gpus >= gpus) or time.monotonic() > deadline:
             return
-        status = f"{sandbox} for sandboxes, {have_gpus:g} of {gpus} GPUs"
+        status = f"{sandbox} for sandboxes" + (f", {have_gpus:g} of {gpus} GPUs" if gpus else "")
         if status != said:
             print(f"waiting up to {timeout:g}s for dask workers: {status}", file=sys.stderr)
             said = status

@@ -9,9 +9,9 @@ by another rollout is saved to a bounded RAM cache first (--cache-ram) and resto
 
 On the CPU (engine_device cpu, or auto with no GPU worker) the replicas run on any workers with the portable AVX2
 build. On GPUs (gpu, or auto when a worker declares the GPU resource) each GPU group is placed like a vLLM replica
-(uni_agent.engines.placement: nnodes x n_gpus_per_node / tp groups, leased) and runs engine_replicas servers of the
-CUDA build with every layer offloaded, seeing only its devices through CUDA_VISIBLE_DEVICES. The builds are made by
-uni_agent.engines.llama_build.
+(uni_agent.engines.placement: nnodes x n_gpus_per_node / tp groups, leased) and runs engine_servers_per_gpu servers
+of the CUDA build on each (the group's slots split among them) with every layer offloaded, seeing only its devices
+through CUDA_VISIBLE_DEVICES. The builds are made by uni_agent.engines.llama_build.
 """
 
 from __future__ import annotations
@@ -144,6 +144,11 @@ def servers_per_group(groups: list[tuple[str, str]], per_group: int) -> list[tup
             for k in range(per_group)]
 
 
+def slots_per_server(group_slots: int, servers: int) -> int:
+    """A GPU group's slots split among its servers, rounded up (the agents' concurrency still finds a slot each)."""
+    return -(-group_slots // max(1, servers))
+
+
 async def on_gpus(client: Any, settings: RunSettings) -> bool:
     """engine_device: gpu, cpu, or auto (gpu when a worker declares the GPU resource)."""
     if settings.engine_device != "auto":
@@ -166,8 +171,9 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
                                             resource=settings.gpu_resource_name)
             engines.cleanups.append(lambda: release_replicas(client))
             threads = settings.engine_threads or 4  # the GPU decodes; a few threads feed it
-            placed = servers_per_group([(r.worker, r.cuda_visible_devices) for r in replicas],
-                                       max(1, settings.engine_replicas))
+            per_group = settings.engine_servers_per_gpu
+            placed = servers_per_group([(r.worker, r.cuda_visible_devices) for r in replicas], per_group)
+            slots = slots_per_server(slots, per_group)
         else:
             replicas_n = max(1, settings.engine_replicas)
             threads = settings.engine_threads or max(1, (os.cpu_count() or 2) // replicas_n)
