@@ -156,6 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-starts", metavar="IMAGE",
                         help="only: starts, `true` round trip and disk per sandbox of the local sandbox over IMAGE's "
                         "root filesystem next to podman running IMAGE (bench/image_start.py)")
+    parser.add_argument("--rootless-user", metavar="USER",
+                        help="with --image-starts, run as root: also measure the local sandbox as this ordinary user "
+                        "(its user namespace overlay, and a copy per start as before it)")
     parser.add_argument("--client-only", action="store_true",
                         help="only the LLM client's CPU per request (2,000 requests, 100 in flight, a scripted endpoint)")
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
@@ -191,7 +194,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.image_starts:
         from .image_start import compare
 
-        for line in compare(args.image_starts):
+        for line in compare(args.image_starts, rootless_user=args.rootless_user):
             print(line, flush=True)
         return 0
     if args.simulate:
