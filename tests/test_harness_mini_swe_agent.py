@@ -66,7 +66,8 @@ def on_backend(rows: list[dict[str, Any]], backend: str, request: pytest.Fixture
     moved = copy.deepcopy(rows)
     for row in moved:
         deployment = row["extra_info"]["tools_kwargs"]["env"]["deployment"]
-        deployment.update({"type": "podman", "image": tag, "pull": "never"} if backend == "podman" else {"image": tag})
+        deployment.update({"type": "podman", "image": tag, "pull": "never", "network": "none"} if backend == "podman"
+                          else {"image": tag})
     return moved
 
 
