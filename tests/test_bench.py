@@ -8,7 +8,8 @@ import math
 
 from uni_agent.bench.endpoint import MINI_SUBMIT, BenchPolicy
 from uni_agent.bench.main import BenchOptions, run_bench
-from uni_agent.bench.measure import ideal_makespan
+from uni_agent.bench.cpu_split import ROLES, split_line
+from uni_agent.bench.measure import fds_needed, ideal_makespan
 
 
 def test_endpoint_policy_speaks_both_agents_formats():
@@ -27,6 +28,13 @@ def test_endpoint_policy_speaks_both_agents_formats():
 def test_ideal_makespan():
     assert ideal_makespan(rollouts=8, concurrency=4, llm_calls_per_rollout=3, delay_s=1) == 6
     assert ideal_makespan(rollouts=2, concurrency=4, llm_calls_per_rollout=3, delay_s=1) == 3  # one rollout's length
+
+
+def test_open_files_needed_count_the_busiest_process():
+    # The README's 20,000 point (10 workers, 4 endpoint processes) fits a hard limit of 20,000; one worker would not.
+    assert fds_needed(20000, 10, 4) == 8 * 2000 + 1024 == 17024
+    assert fds_needed(20000, 10, 1) == 2 * 20000 + 1024  # one endpoint process holds every connection
+    assert fds_needed(1000, 1) == 8 * 1000 + 1024
 
 
 def test_bench_tiny_run_prints_a_sane_table(tmp_path):
@@ -54,3 +62,11 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     # Every target has a line: measured ones MET or NOT MET, the rest say they were not run.
     assert len(report["targets"]) == 6 and "not run" in report["targets"][1]
     assert 0 < report["sandbox_start_alone"]["p50_ms"] <= report["sandbox_start_alone"]["p95_ms"]
+    # The machine's CPU, split by process: every role measured, the sandboxes and workers did work, nothing negative
+    # but "everything else" (the remainder, which other users' work on a shared machine can make anything).
+    split = row["cpu_split_s"]
+    assert set(split) == set(ROLES)
+    assert split["workers"] > 0 and split["sandboxes"] > 0 and split["driver"] > 0
+    assert all(split[k] >= 0 for k in ROLES if k != "everything else")
+    line = next(line for line in lines if "machine CPU per turn" in line)
+    assert line.strip() == split_line(split, row["llm_calls"])

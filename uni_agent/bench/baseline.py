@@ -103,7 +103,8 @@ def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("framework_cpu_ms_per_turn", "{:.2f}"),
-                ("machine_cpu_ms_per_turn", "{:.2f}"), ("ok", "{}")]
+                ("machine_cpu_ms_per_turn", "{:.2f}"), ("sandbox_start_p50_ms", "{:.0f}"),
+                ("sandbox_start_p95_ms", "{:.0f}"), ("ok", "{}")]
 
 
 def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
@@ -112,7 +113,8 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
                            if r.get("system") == "uni-agent"}
     old, new = ours(before), ours(after)
     labels = {"efficiency": "eff", "rollouts_per_min": "rollouts/min", "framework_cpu_ms_per_turn": "fw CPU ms/turn",
-              "machine_cpu_ms_per_turn": "machine CPU ms/turn", "ok": "ok"}
+              "machine_cpu_ms_per_turn": "machine CPU ms/turn", "sandbox_start_p50_ms": "start p50 ms",
+              "sandbox_start_p95_ms": "start p95 ms", "ok": "ok"}
     head = f"{'conc':>5} | {'workers':>7} | " + " | ".join(
         f"{labels[name]} {which}".rjust(24) for name, _ in SWEEP_FIELDS for which in (f"({ref[:8]})", "(now)"))
     lines = [head, "-" * len(head)]
@@ -123,4 +125,11 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
                 value = report.get(key, {}).get(name)
                 cells.append(("-" if value is None else fmt.format(value)).rjust(24))
         lines.append(f"{key[0]:>5} | {key[1]:>7} | " + " | ".join(cells))
+    from .cpu_split import breakdown_line, split_line
+
+    for label, report in ((ref[:8], old), ("now", new)):
+        for key, row in sorted(report.items()):
+            if row.get("cpu_split_s"):  # a tree whose bench splits the machine's CPU by process
+                lines.append(f"  {label} c{key[0]}/{key[1]}w: " + split_line(row["cpu_split_s"], row["llm_calls"]))
+                lines.append(f"  {label} c{key[0]}/{key[1]}w: " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
     return lines

@@ -76,24 +76,29 @@ class PeakMemory:
         return max(0, self.peak - self.baseline)
 
 
-def fds_needed(concurrency: int, workers: int) -> int:
-    """Open files one agent-worker process needs: per in-flight rollout an HTTP connection, a command's two pipes and
-    its pidfd, and the sandbox's files while they are written; plus Dask's own and a margin."""
+def fds_needed(concurrency: int, workers: int, endpoint_processes: int = 1) -> int:
+    """Open files the busiest process of a sweep point needs (the soft limit is per process, and children inherit
+    it). An agent-worker process holds, per in-flight rollout it runs, an HTTP connection, a command's two pipes and
+    its pidfd, and the sandbox's files while they are written: 8 each. An endpoint process holds one socket per
+    rollout it serves (2 with margin: the kernel spreads connections over the processes unevenly). Plus 1,024 each
+    for Dask's own files and libraries. E.g. 20,000 in flight on 10 workers and 4 endpoint processes: 17,024."""
     per_worker = -(-concurrency // max(1, workers))
-    return 8 * per_worker + 1024
+    per_endpoint = -(-concurrency // max(1, endpoint_processes))
+    return max(8 * per_worker, 2 * per_endpoint) + 1024
 
 
-def ensure_limits(concurrency: int, workers: int) -> list[str]:
+def ensure_limits(concurrency: int, workers: int, endpoint_processes: int = 1) -> list[str]:
     """Raise the soft open-file limit to what the sweep needs (children inherit it); fail early, saying what to do,
     when the hard limit is too low. Returns notes on what was changed."""
     notes = []
-    need = max(fds_needed(concurrency, workers), concurrency * 2 + 1024)  # the endpoint: one socket per rollout
+    need = fds_needed(concurrency, workers, endpoint_processes)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
             raise SystemExit(f"uni-agent bench: concurrency {concurrency} needs about {need} open files per process, "
-                             f"but the hard limit (ulimit -Hn) is {hard}: raise it (limits.conf / systemd LimitNOFILE)"
-                             " or lower --concurrency")
+                             f"but the hard limit (ulimit -Hn) is {hard}: raise it (limits.conf / systemd LimitNOFILE),"
+                             " spread the rollouts over more worker (and endpoint) processes, or lower the rollouts "
+                             "in flight")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
         notes.append(f"raised the open-file soft limit from {soft} to {need}")
     if os.geteuid() != 0:  # root is not bound by RLIMIT_NPROC

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cpu_split import CpuSplit
 from .measure import Cpu, PeakMemory, cpu_now, ideal_makespan, load_average, machine_cpu_seconds, percentile
 
 TASK = "uni-agent__romanum-4"
@@ -45,7 +46,9 @@ def bench_agents(concurrency: int, turns: int):
 
 
 def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay_s: float, rollouts: int,
-             out_dir: Path, profile_dir: Path | None = None) -> dict[str, Any]:
+             out_dir: Path, profile_dir: Path | None = None, endpoint_pids: list[int] | None = None) -> dict[str, Any]:
+    import threading
+
     from distributed import Client, LocalCluster
 
     from ..runner import run
@@ -59,12 +62,15 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
             Client(cluster) as client:
         worker_pids = list(client.run(os.getpid).values())
         pids = [os.getpid(), *worker_pids]
+        # The LocalCluster's scheduler (and its nannies) run on its IO-loop thread in this process.
+        scheduler_tids = [t.native_id for t in threading.enumerate() if t.name == "IO loop" and t.native_id]
         before_workers = client.run(cpu_now)
         before_driver = cpu_now()
         load_before = load_average()
         machine_before = machine_cpu_seconds()
         log = io.StringIO()
         with _profiles(pids, profile_dir, f"ours-w{workers}-c{concurrency}"), PeakMemory(pids) as memory, \
+                CpuSplit(os.getpid(), scheduler_tids, worker_pids, endpoint_pids or []) as split, \
                 contextlib.redirect_stderr(log):
             started = time.monotonic()
             outcome = run(rows, bench_agents(concurrency, turns), client=client, engine="external",
@@ -94,6 +100,8 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "driver_cpu_ms_per_turn": driver_cpu.own / max(1, llm_calls) * 1000,
         "sandbox_cpu_ms_per_turn": workers_cpu.children / max(1, llm_calls) * 1000,
         "machine_cpu_ms_per_turn": machine_cpu / max(1, llm_calls) * 1000,
+        "cpu_split_s": split.seconds,
+        "cpu_else_s": split.breakdown(),
         "sandbox_start_p50_ms": percentile(starts, 0.5) * 1000, "sandbox_start_p95_ms": percentile(starts, 0.95) * 1000,
         "peak_mib_per_rollout": memory.added / 2**20 / concurrency,
         "load": max(load_before, load_average()),

@@ -123,7 +123,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
             sampler.watch(f"endpoint-{i}", pid)
         events0 = cluster.client.run_on_scheduler(page_probe)["events"]
         load_before = load_average()
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
         sampler.watch("driver", driver.pid)
         profile(driver.pid, "driver")
@@ -167,13 +167,28 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     row["part_files"] = len(parts)
     row["parquet_bytes"] = sum(p.stat().st_size for p in parts)
     row["parquet_bytes_per_s"] = row["parquet_bytes"] / makespan
-    table = pq.read_table(results, columns=["instance_id", "rollout", "exit_reason"]) if parts else None
+    table = pq.read_table(results, columns=["instance_id", "rollout", "exit_reason", "started_at", "finished_at"]) \
+        if parts else None
+    row.update(record_timeline(table, parts, started_wall))
     keys = list(zip(table["instance_id"].to_pylist(), table["rollout"].to_pylist())) if table is not None else []
     row["recorded"] = len(keys)
     row["duplicates"] = len(keys) - len(set(keys))
     row["lost"] = rollouts - len(set(keys))
     row["submitted"] = table["exit_reason"].to_pylist().count("submitted") if table is not None else 0
     return row
+
+
+def record_timeline(table: Any, parts: list[Path], t0: float) -> dict[str, float]:
+    """When, in seconds after the driver process started, the last rollout started and finished on its worker
+    (the rows' started_at / finished_at) and the last row reached disk (the newest part file's mtime); the record
+    tail is the time from the last finish to the last row on disk: what the driver adds after the work is done."""
+    if table is None or not parts or table.num_rows == 0:
+        return {}
+    last_started = max(table["started_at"].to_pylist()) - t0
+    last_finished = max(table["finished_at"].to_pylist()) - t0
+    last_recorded = max(p.stat().st_mtime for p in parts) - t0
+    return {"last_started_s": last_started, "last_finished_s": last_finished, "last_recorded_s": last_recorded,
+            "record_tail_s": last_recorded - last_finished}
 
 
 def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: SimOptions, data: Path, config: Path,
@@ -239,7 +254,7 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     out = (options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Per process: a worker holds a connection per rollout it runs, an endpoint process one per rollout it serves.
-    notes = ensure_limits(max(options.in_flight), min(options.workers, options.endpoint_processes))
+    notes = ensure_limits(max(options.in_flight), options.workers, options.endpoint_processes)
     echo(f"uni-agent bench --simulate: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
          f"{load_average():.2f} at start")
     echo(f"method: rollouts = {options.waves} x in-flight, each {options.turns} x execute_bash (the memory stand-in: "

@@ -70,7 +70,8 @@ def before_after(before: dict[str, Any], after: dict[str, Any], ref: str) -> lis
             f"{b['rollouts_per_min']:.0f} -> {row['rollouts_per_min']:.0f}, makespan {b['makespan_s']:.0f} -> "
             f"{row['makespan_s']:.0f} s, driver CPU {b['cpu_s'].get('driver', 0):.1f} -> "
             f"{row['cpu_s'].get('driver', 0):.1f} s, scheduler CPU {b['cpu_s'].get('scheduler', 0):.1f} -> "
-            f"{row['cpu_s'].get('scheduler', 0):.1f} s")
+            f"{row['cpu_s'].get('scheduler', 0):.1f} s, record tail {b.get('record_tail_s', math.nan):.1f} -> "
+            f"{row.get('record_tail_s', math.nan):.1f} s")
     return lines
 
 
@@ -79,5 +80,13 @@ def check_line(row: dict[str, Any]) -> str:
     return (f"    recorded {row['recorded']} rows for {row['rollouts']} rollouts: {row['lost']} lost, "
             f"{row['duplicates']} duplicate keys, {row['submitted']} submitted; driver exit {row['driver_exit']}; "
             f"page held {row['page_rollouts_held']} rollouts, largest state {row['page_state_kb_max']:.0f} KB built "
-            f"in {row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)")
+            f"in {row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)" + timeline(row))
+
+
+def timeline(row: dict[str, Any]) -> str:
+    if "record_tail_s" not in row:
+        return ""
+    return (f"\n    after the driver's start: last rollout started at {row['last_started_s']:.1f} s, last finished on "
+            f"its worker at {row['last_finished_s']:.1f} s, last row on disk at {row['last_recorded_s']:.1f} s "
+            f"(record tail {row['record_tail_s']:.1f} s)")
 

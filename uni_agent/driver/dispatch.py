@@ -47,7 +47,8 @@ class Dispatcher:
         self.events = RolloutEvents(client)
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
         self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each
-        self._replacing = asyncio.Lock()  # many rollouts notice the same loss at once: replace once
+        self._replacing = asyncio.Lock()
+        self._flush_timer: asyncio.TimerHandle | None = None  # many rollouts notice the same loss at once: replace once
         # After each run of a rollout, before it is verified and recorded: True runs it again (the online service's
         # staleness bound, uni_agent.online.service); it may also fill in the row (step, versions, masking).
         self.review: Callable[[RolloutSpec, RolloutResult], bool] | None = None
@@ -65,11 +66,22 @@ class Dispatcher:
         finally:
             self.progress.close()
             await self.mailboxes.close()
+            await self.events.close()
         if self.not_run:
             raise AgentWorkersLost(
                 f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
                 f" s: {len(self.not_run)} of {len(todo)} rollouts did not finish and are not recorded; rerun with the "
                 "same output dir to run them")
+
+    def _flush_later(self) -> None:
+        """Rows the store held back (it writes at most one part file a flush_s) go to disk a flush_s later."""
+        if self._flush_timer is None and self.store.flush_due():
+            self._flush_timer = asyncio.get_running_loop().call_later(self.store.flush_s, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_timer = None
+        if self.store.flush_due():
+            self.store.flush()
 
     async def run_one(self, spec: RolloutSpec) -> RolloutResult | None:
         """One rollout: run (again while `review` asks), verified, recorded; None when no agent worker was left."""
@@ -85,13 +97,14 @@ class Dispatcher:
             except AgentWorkersLost:
                 self.policy.rollout_abandoned(spec.key)
                 self.not_run.append(spec)
-                await self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
+                self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
                 return None
             if self.settings.verify and not spec.grade_in_sandbox:
-                await self.events.state(spec, "verifying", worker=result.worker)
+                self.events.state(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
         self.store.add(result)
-        await self.events.finished(spec, result)
+        self._flush_later()
+        self.events.finished(spec, result)
         self.progress.update(result)
         log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
                  exit_reason=result.exit_reason)

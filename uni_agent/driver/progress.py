@@ -3,6 +3,8 @@ scheduler's event log; the dashboard is never worth a rollout, so a lost event i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -14,7 +16,9 @@ from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, rollout_event
 from ..episode.rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.driver")
-QUEUED_PER_MESSAGE = 1000  # `queued` events sent in one message (one round trip to the scheduler each)
+PER_MESSAGE = 1000  # events in one message to the scheduler (one round trip each)
+MESSAGE_CHARS = 8_000_000  # trajectory text in one message: 40 full-size trajectories (MAX_TRAJECTORY_CHARS)
+FLUSH_S = 0.2  # how long an event may wait in the driver's outbox
 
 
 class Progress:
@@ -56,29 +60,75 @@ class Progress:
 
 
 class RolloutEvents:
-    """Each rollout's states (queued, started by the worker, verifying, done or failed) for the dashboard page."""
+    """Each rollout's states (queued, started by the worker, verifying, done or failed) for the dashboard page.
 
-    def __init__(self, client: Client):
-        self.client = client
+    `client.log_event` is a round trip to the scheduler, and a wave's rollouts finish together: one call per finished
+    rollout saturated the driver's connection pool at 20,000 in flight and put 16 s between the last finished rollout
+    and the last recorded one. So no rollout waits for its event: `state` and `finished` only put it in an outbox, and
+    one task sends what gathered every `flush_s` as batch events (at most PER_MESSAGE events or MESSAGE_CHARS of
+    trajectory text each). `close` sends what is left."""
+
+    def __init__(self, client: Client, flush_s: float = FLUSH_S):
+        self.client, self.flush_s = client, flush_s
+        self.outbox: list[dict[str, Any]] = []
+        self.sent_messages = 0
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
 
     async def queued(self, todo: list[RolloutSpec]) -> None:
-        for start in range(0, len(todo), QUEUED_PER_MESSAGE):
-            events = [rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
-                                    max_turns=s.agent.interaction.max_turns)
-                      for s in todo[start:start + QUEUED_PER_MESSAGE]]
-            await self._send(batch_event(events))
+        """Sent before any rollout starts (a worker's `starting_sandbox` must not arrive before its `queued`)."""
+        self.outbox.extend(rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
+                                         max_turns=s.agent.interaction.max_turns) for s in todo)
+        await self.flush()
 
-    async def state(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
-        await self._send(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, **fields))
+    def state(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
+        self.outbox.append(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, **fields))
+        if self._sender is None:
+            self._sender = asyncio.ensure_future(self._send_loop())
+        self._wake.set()
 
-    async def finished(self, spec: RolloutSpec, result: RolloutResult) -> None:
-        await self.state(spec, "failed" if result.exit_reason == "error" else "done", **final_fields(result))
+    def finished(self, spec: RolloutSpec, result: RolloutResult) -> None:
+        self.state(spec, "failed" if result.exit_reason == "error" else "done", **final_fields(result))
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.flush_s)  # let a burst (a wave finishing) gather into few messages
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send everything in the outbox now, in as few messages as the limits allow."""
+        while self.outbox:
+            take = message_size(self.outbox)
+            batch, self.outbox = self.outbox[:take], self.outbox[take:]
+            await self._send(batch_event(batch))
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sender
+            self._sender = None
+        await self.flush()
 
     async def _send(self, event: Any) -> None:
         try:
             await self.client.log_event(TOPIC, event)
+            self.sent_messages += 1
         except Exception as exc:  # the dashboard is not worth a rollout
-            log.warning("event_dropped", error=repr(exc))
+            log.warning("event_dropped", error=repr(exc), events=len(event.get("events", [])))
+
+
+def message_size(events: list[dict[str, Any]]) -> int:
+    """How many of the first events go in one message: at most PER_MESSAGE, and no more trajectory text than
+    MESSAGE_CHARS (a finished rollout carries up to MAX_TRAJECTORY_CHARS of it); always at least one."""
+    chars = 0
+    for i, event in enumerate(events[:PER_MESSAGE]):
+        chars += len(event.get("messages") or "") + len(event.get("verification") or "")
+        if chars > MESSAGE_CHARS and i > 0:
+            return i
+    return min(len(events), PER_MESSAGE)
 
 
 def final_fields(result: RolloutResult) -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""What the driver sends and writes per finished rollout, batched (issue 27): rollout events go to a real Dask
+scheduler a burst at a time, never one round trip per rollout, and a burst of results makes few Parquet part files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from distributed import Client, LocalCluster
+
+from uni_agent.driver.progress import MESSAGE_CHARS, PER_MESSAGE, RolloutEvents, message_size
+from uni_agent.driver.results import ResultStore
+from uni_agent.episode.rollout import RolloutResult
+from uni_agent.events import TOPIC, unbatch
+
+
+def _result(i: int) -> RolloutResult:
+    return RolloutResult(run_id="r", instance_id=f"t{i}", rollout=0, data_source="d", agent_name="a",
+                         exit_reason="submitted", messages="[]")
+
+
+class _Spec:  # the four fields RolloutEvents reads of a RolloutSpec
+    def __init__(self, i: int):
+        self.run_id, self.instance_id, self.rollout = "r", f"t{i}", 0
+
+
+def test_finished_rollouts_reach_the_scheduler_in_a_few_messages():
+    async def main() -> list:
+        async with LocalCluster(n_workers=0, processes=False, asynchronous=True, dashboard_address=":0",
+                                silence_logs=logging.ERROR) as cluster, \
+                Client(cluster, asynchronous=True) as client:
+            events = RolloutEvents(client, flush_s=0.05)
+            for i in range(1500):  # a wave finishing: none of these calls waits for the scheduler
+                events.finished(_Spec(i), _result(i))
+            assert len(events.outbox) == 1500 and events.sent_messages == 0
+            await asyncio.sleep(0.5)  # the sender wakes after flush_s and sends it all
+            assert events.outbox == [] and events.sent_messages == 2  # 1,000 + 500
+            events.state(_Spec(0), "verifying")
+            await events.close()  # what is left goes at once
+            assert events.sent_messages == 3
+            return await client.get_events(TOPIC)
+
+    logged = asyncio.run(main())
+    assert len(logged) == 3
+    states = [e["state"] for _, msg in logged for e in unbatch(msg)]
+    assert states == ["done"] * 1500 + ["verifying"]
+
+
+def test_a_message_holds_at_most_its_share_of_trajectory_text():
+    big = {"messages": "x" * (MESSAGE_CHARS // 3)}
+    assert message_size([big] * 10) == 3  # a fourth would pass MESSAGE_CHARS
+    assert message_size([{"messages": "x" * (MESSAGE_CHARS * 2)}] * 2) == 1  # one too large still goes, alone
+    assert message_size([{}] * (PER_MESSAGE + 5)) == PER_MESSAGE
+    assert message_size([{}] * 7) == 7
+
+
+def test_a_burst_of_results_makes_one_part_file_a_flush_s(tmp_path):
+    store = ResultStore(tmp_path, flush_every=16, flush_s=3600)
+    for i in range(100):
+        store.add(_result(i))
+    assert len(list((tmp_path / "results").glob("part-*.parquet"))) == 1  # the first 16; the rest wait
+    assert store.flush_due()  # 84 held back for the caller to flush later
+    store.flush()
+    assert len(list((tmp_path / "results").glob("part-*.parquet"))) == 2
+    assert len(store.read()) == 100
+    quick = ResultStore(tmp_path / "quick", flush_every=16, flush_s=0)
+    for i in range(100):
+        quick.add(_result(i))
+    assert len(list((tmp_path / "quick" / "results").glob("part-*.parquet"))) == 6  # every 16, as before
+    assert len(quick._buffer) == 4
+
+
+def test_rows_held_back_reach_disk_about_flush_s_later(tmp_path):
+    from uni_agent.driver.dispatch import Dispatcher
+
+    store = ResultStore(tmp_path, flush_every=2, flush_s=0.05)
+    dispatcher = Dispatcher.__new__(Dispatcher)  # only the store and the timer are used here
+    dispatcher.store, dispatcher._flush_timer = store, None
+
+    async def main() -> tuple[int, int]:
+        for i in range(5):
+            store.add(_result(i))  # the first 2 go at once; 3 wait: the last part file is younger than flush_s
+            dispatcher._flush_later()
+        held = len(store._buffer)
+        await asyncio.sleep(0.2)
+        return held, len(store._buffer)
+
+    assert asyncio.run(main()) == (3, 0)
+    assert len(store.read()) == 5
