@@ -6,9 +6,14 @@ sandbox worker jobs are submitted with sbatch, and the scheduler file is written
         -- python examples/agent_interaction/parallel_infer.py --engine vllm --model-path /models/M --tp 2 \\
            --nnodes 2 --n-gpus-per-node 8 --data-path /shared/swe.parquet --n 4 --output-dir /shared/runs/r1
 
-With a command after `--`, the command runs with UNI_AGENT_SCHEDULER_FILE set (so the driver finds the cluster) and
-every job is cancelled when it ends; without one, the cluster stays up until Ctrl-C or SIGTERM. Needs
-`pip install dask-jobqueue==0.9.0` (the `slurm` extra) and runs where `sbatch` works (a login node).
+With a command after `--`, the command runs with UNI_AGENT_SCHEDULER_FILE and UNI_AGENT_TLS_DIR set (so the driver
+finds the cluster and can connect) and every job is cancelled when it ends; without one, the cluster stays up until
+Ctrl-C or SIGTERM. Needs `pip install dask-jobqueue==0.9.0` (the `slurm` extra) and runs where `sbatch` works (a login
+node).
+
+The cluster speaks TLS: the scheduler, every worker job and the driver present the certificate in --tls-dir (written
+there when missing; it must be on a disk the nodes read), and nothing without it can connect (docs/security.md). The
+dashboard listens on 127.0.0.1 unless --dashboard-host says otherwise: `ssh -L 8787:localhost:8787 <this host>`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--interface", default=None, help="network interface for scheduler and workers, e.g. ib0")
     p.add_argument("--port", type=int, default=8786)
     p.add_argument("--dashboard-port", type=int, default=8787)
+    p.add_argument("--dashboard-host", default="127.0.0.1",
+                   help="where the dashboard listens (0.0.0.0: the whole network can read the runs' trajectories)")
+    p.add_argument("--tls-dir", default=None,
+                   help="the cluster's TLS credentials (default: UNI_AGENT_TLS_DIR, else ~/.config/uni-agent/tls)")
     p.add_argument("--queue", default=None, help="partition for sandbox jobs (and GPU jobs without --gpu-queue)")
     p.add_argument("--gpu-queue", default=None)
     p.add_argument("--account", default=None)
@@ -78,7 +87,13 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     from dask_jobqueue.slurm import SLURMJob
     from distributed import Client
 
-    scheduler_options: dict[str, Any] = {"port": args.port, "dashboard_address": f":{args.dashboard_port}",
+    from uni_agent.driver.tls import credentials_dir, file_security, write_credentials
+
+    tls_dir = credentials_dir(args.tls_dir or os.environ.get("UNI_AGENT_TLS_DIR")).resolve()
+    write_credentials(tls_dir)  # keeps valid ones
+    security = file_security(tls_dir)  # the worker jobs get the file paths as --tls-* flags
+    scheduler_options: dict[str, Any] = {"port": args.port,
+                                         "dashboard_address": f"{args.dashboard_host}:{args.dashboard_port}",
                                          "preload": ["uni_agent.scheduler_preload"]}
     if args.host:
         scheduler_options["host"] = args.host
@@ -90,17 +105,20 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    async with SLURMCluster(asynchronous=True, scheduler_options=scheduler_options, **sandbox) as cluster, \
+    async with SLURMCluster(asynchronous=True, scheduler_options=scheduler_options, protocol="tls://",
+                            security=security, **sandbox) as cluster, \
             Client(cluster, asynchronous=True) as client:
-        gpu_jobs = [SLURMJob(scheduler=cluster.scheduler_address, name=f"ua-gpu-{i}", **gpu)
+        gpu_jobs = [SLURMJob(scheduler=cluster.scheduler_address, name=f"ua-gpu-{i}", protocol="tls://",
+                             security=security, **gpu)
                     for i in range(args.gpu_jobs)]
         try:
             cluster.scale(jobs=args.sandbox_jobs)
             for job in gpu_jobs:
                 await job  # sbatch
             client.write_scheduler_file(args.scheduler_file)
-            print(f"scheduler {cluster.scheduler_address}, dashboard port {args.dashboard_port}, "
-                  f"scheduler file {args.scheduler_file}; jobs: sandbox x{args.sandbox_jobs}, "
+            print(f"scheduler {cluster.scheduler_address}, dashboard {args.dashboard_host}:{args.dashboard_port}, "
+                  f"scheduler file {args.scheduler_file}, TLS credentials {tls_dir}; "
+                  f"jobs: sandbox x{args.sandbox_jobs}, "
                   f"GPU {[j.job_id for j in gpu_jobs]}", flush=True)
             wanted = args.sandbox_jobs + args.gpu_jobs
             waiting = asyncio.ensure_future(client.wait_for_workers(wanted, timeout=args.wait))
@@ -116,7 +134,8 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
                 await stop.wait()
                 return 0
             proc = await asyncio.create_subprocess_exec(
-                *command, env={**os.environ, "UNI_AGENT_SCHEDULER_FILE": str(Path(args.scheduler_file).resolve())})
+                *command, env={**os.environ, "UNI_AGENT_SCHEDULER_FILE": str(Path(args.scheduler_file).resolve()),
+                               "UNI_AGENT_TLS_DIR": str(tls_dir)})
             done = asyncio.ensure_future(proc.wait())
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)

@@ -7,6 +7,10 @@
 # Any sbatch option can be added per group: UNI_AGENT_SCHEDULER_SBATCH, UNI_AGENT_GPU_SBATCH, UNI_AGENT_SANDBOX_SBATCH
 # (e.g. UNI_AGENT_GPU_SBATCH="--partition gpu --account proj --gres=gpu:4"). --gpu-nodes 0 submits no GPU group
 # (for --engine external, or for parallel_verify.py).
+#
+# The cluster speaks TLS: the credentials in UNI_AGENT_TLS_DIR (default ~/.config/uni-agent/tls, which must be on a
+# disk every node reads) are written here when missing, and every process of the cluster and the driver present them;
+# nobody else can connect (docs/security.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 gpu_nodes=1; sandbox_nodes=1
@@ -19,7 +23,9 @@ while [ $# -gt 0 ]; do
 done
 : "${UNI_AGENT_SHARED:?set UNI_AGENT_SHARED to a directory on shared disk}"
 export UNI_AGENT_VENV="${UNI_AGENT_VENV:-$(dirname "$here")/.venv}"
+export UNI_AGENT_TLS_DIR="${UNI_AGENT_TLS_DIR:-$HOME/.config/uni-agent/tls}"
 mkdir -p "$UNI_AGENT_SHARED/logs"
+"$UNI_AGENT_VENV/bin/python" -m uni_agent.driver.tls init "$UNI_AGENT_TLS_DIR"
 out=(--output "$UNI_AGENT_SHARED/logs/%x-%j.out")
 
 # shellcheck disable=SC2086  # the *_SBATCH variables are lists of options
@@ -40,7 +46,7 @@ echo "${jobs[*]}" > "$UNI_AGENT_SHARED/jobs-$scheduler.txt"
 cat <<MSG
 jobs: ${jobs[*]} (scheduler, then the worker groups); logs in $UNI_AGENT_SHARED/logs
 scheduler file: $UNI_AGENT_SCHEDULER_FILE
-run:   export UNI_AGENT_SCHEDULER_FILE=$UNI_AGENT_SCHEDULER_FILE
+run:   export UNI_AGENT_SCHEDULER_FILE=$UNI_AGENT_SCHEDULER_FILE UNI_AGENT_TLS_DIR=$UNI_AGENT_TLS_DIR
        python examples/agent_interaction/parallel_infer.py --scheduler-file \$UNI_AGENT_SCHEDULER_FILE ...
 stop:  scancel ${jobs[*]}
 MSG

@@ -208,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "endpoint, side by side with mini-swe-agent; prints one table")
     add_bench_arguments(bench_parser)
     bench_parser.set_defaults(func=cmd_bench)
+    from .driver.tls import add_arguments as add_tls_arguments, cmd_tls
+
+    tls_parser = sub.add_parser("tls", help="TLS credentials for a cluster started apart (dask scheduler/worker, "
+                                            "cluster/): `uni-agent tls init [DIR]`")
+    add_tls_arguments(tls_parser)
+    tls_parser.set_defaults(func=cmd_tls)
     return parser
 
 

@@ -69,7 +69,8 @@ def run(
     """
     settings = load_settings(settings, **overrides)
     address = client.scheduler.address if client is not None else None
-    return asyncio.run(run_async(data, agent_config, settings, scheduler_address=address))
+    security = client.security if client is not None else None  # the run connects anew: with the same credentials
+    return asyncio.run(run_async(data, agent_config, settings, scheduler_address=address, security=security))
 
 
 async def run_async(
@@ -77,6 +78,7 @@ async def run_async(
     agent_config: str | Path | AgentConfigs | None,
     settings: RunSettings,
     scheduler_address: str | None = None,
+    security: Any = None,
 ) -> RunOutcome:
     started = time.monotonic()
     output_dir = settings.output_path()
@@ -104,7 +106,7 @@ async def run_async(
           f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run{retried})", file=sys.stderr)
     try:
         if todo:
-            async with cluster_client(settings, scheduler_address) as client:
+            async with cluster_client(settings, scheduler_address, security) as client:
                 await _run_rollouts(client, todo, settings, store, log_dir, manifest)
     finally:  # whatever ended the run, what finished is on disk for the rerun
         store.flush()

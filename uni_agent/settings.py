@@ -61,6 +61,7 @@ class RunSettings(BaseSettings):
     # Dask
     scheduler_address: str | None = None
     scheduler_file: str | None = None
+    tls_dir: str | None = None  # credentials for a tls:// scheduler started apart (uni_agent.driver.tls); None: default
     local_workers: int = Field(2, ge=1)  # worker processes of the LocalCluster a run starts when given no scheduler
     threads_per_worker: int = Field(2, ge=1)
     agent_workers: int = Field(2, ge=1)  # AgentWorker actors, each running many rollouts as async loops

@@ -1,8 +1,10 @@
 """The cluster a run uses, and which of its workers take agents and sandboxes.
 
 `cluster_client` connects to a running scheduler (by address or scheduler file; SLURM jobs may still be queued, so it
-waits for workers) or starts a LocalCluster on this machine, and prints where to watch. Sandbox workers are those that
-declare a SANDBOX resource, else those that declare no GPUs; verification futures go there too. Where engine replicas
+waits for workers) or starts a LocalCluster on this machine, and prints where to watch. Either way over TLS: the
+LocalCluster with credentials that exist only in its processes, a scheduler started apart with the files of the
+tls_dir setting (uni_agent.driver.tls). Sandbox workers are those that declare a SANDBOX resource, else those that
+declare no GPUs; verification futures go there too. Where engine replicas
 run on the GPU workers is uni_agent.engines.placement.
 """
 
@@ -19,34 +21,42 @@ from distributed import Client, LocalCluster
 
 from ..dashboard import page_url
 from ..settings import RunSettings
+from .tls import client_security, local_security, scheduler_file_address
 
 SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
 LOCAL_SANDBOXES = 1024  # what a LocalCluster's workers declare: the agents' concurrency is the real bound
 
 
 @contextlib.asynccontextmanager
-async def cluster_client(settings: RunSettings, scheduler_address: str | None = None) -> AsyncIterator[Client]:
-    """An asynchronous Client of the scheduler given (argument, then settings), else of a new LocalCluster."""
+async def cluster_client(settings: RunSettings, scheduler_address: str | None = None,
+                         security: Any = None) -> AsyncIterator[Client]:
+    """An asynchronous Client of the scheduler given (argument, then settings), else of a new LocalCluster.
+    `security`: the credentials of the given scheduler's client (run(client=...)), else those of tls_dir."""
     address = scheduler_address or settings.scheduler_address
     if address or settings.scheduler_file:
-        kwargs = {"address": address} if address else {"scheduler_file": settings.scheduler_file}
-        async with Client(asynchronous=True, **kwargs) as client:
+        if not address:
+            address = await scheduler_file_address(settings.scheduler_file)
+        if security is None or not address.startswith("tls://"):  # a tls:// client brings its own credentials
+            security = client_security(address, settings.tls_dir)
+        async with Client(address, asynchronous=True, security=security) as client:
             await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
                                    gpus=gpus_needed(settings))
             print_pages(client)
             yield client
         return
     async with contextlib.AsyncExitStack() as stack:
+        # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
         cluster = await stack.enter_async_context(LocalCluster(
             n_workers=settings.local_workers, threads_per_worker=settings.threads_per_worker, processes=True,
-            asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787",
-            resources={SANDBOX: LOCAL_SANDBOXES},
+            asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787", protocol="tls://",
+            security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
         ))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny
 
             await stack.enter_async_context(Nanny(
-                cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", dashboard_address=":0",
+                cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", protocol="tls://",
+                security=cluster.security, dashboard_address="127.0.0.1:0",
                 resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
         print_pages(client)

@@ -30,7 +30,7 @@ from ..settings import REPO_ROOT, RunSettings
 log = structlog.get_logger("uni_agent.manifest")
 
 # Settings that do not change what a rollout produces: a resumed run may change them without a warning.
-NOT_COMPARED = {"output_dir", "progress", "log_level", "scheduler_address", "scheduler_file", "retry_errors",
+NOT_COMPARED = {"output_dir", "progress", "log_level", "scheduler_address", "scheduler_file", "tls_dir", "retry_errors",
                 "flush_every", "worker_wait_timeout", "engine_start_timeout", "local_workers", "threads_per_worker",
                 "agent_workers", "n_workers", "num_workers", "max_samples", "api_key"}  # n_/num_workers: in older run.json
 PACKAGES = ("uni-agent", "dask", "distributed", "pyarrow", "pandas", "httpx", "llama-cpp-python", "vllm")
