@@ -71,7 +71,8 @@ class LocalDeploymentConfig(DeploymentBase):
     workdir: str = "/testbed"
     network: bool = False
     workspace: Literal["auto", "overlay", "copy"] = "auto"
-    """overlay: copy-on-write through overlayfs (needs root); copy: a full copy; auto: overlay when possible."""
+    """overlay: copy-on-write through overlayfs (as root, or without root in a user namespace of the sandbox's own);
+    copy: a full copy at every start; auto: overlay where the kernel allows one (else a copy, said once in the log)."""
     max_memory_mb: int | None = 4096
     """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
     pids_limit: int | None = Field(default=1024, ge=16)
