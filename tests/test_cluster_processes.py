@@ -1,5 +1,7 @@
 """Placement on a real multi-process cluster: a `dask scheduler` and two `dask worker` processes started from the
-command line, one GPU worker (`--resources GPU=2`) and one sandbox worker (`--resources SANDBOX=8`).
+command line, one GPU worker (`--resources GPU=2`) and one sandbox worker (`--resources SANDBOX=8`), all speaking TLS
+with credentials from `uni-agent tls init` (as the SLURM recipes do): the driver connects with the tls_dir setting,
+and a client without those credentials gets nothing.
 
 The engine is tests/fake_vllm.py, run through a `vllm` executable on the workers' PATH: A STAND-IN FOR vLLM, which
 needs a GPU and cannot be installed here. Everything around it is real: placement, the GPU leases on the scheduler,
@@ -7,6 +9,7 @@ the engine actors and their subprocesses, readiness, the router, agent actors, b
 The same actor launch path with a real model is tests/test_e2e_llm.py (llama.cpp); the GPU run is in docs/engines.md.
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -18,7 +21,9 @@ import pytest
 from distributed import Client, get_task_stream
 
 from conftest import AGENT_CONFIG, REPO_ROOT, poll_until
+from stranger import attempts, got_in, identity
 from uni_agent import AgentConfigs, run
+from uni_agent.driver.tls import CredentialsError, file_security, write_credentials
 from uni_agent.engines.vllm import VllmServer
 from uni_agent.engines.placement import LEASES_PLUGIN, PlacementError, _leases_call, place_replicas, release_replicas
 
@@ -46,6 +51,10 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_VLLM_DIR": str(records),
            "PYTHONPATH": str(REPO_ROOT)}
     scheduler_file = tmp / "scheduler.json"
+    tls = tmp / "tls"
+    write_credentials(tls)
+    credentials = ["--tls-ca-file", str(tls / "ca.pem"), "--tls-cert", str(tls / "cert.pem"),
+                   "--tls-key", str(tls / "key.pem")]
     logs = tmp / "logs"
     logs.mkdir()
     procs = []
@@ -55,19 +64,22 @@ def cluster(tmp_path_factory):
         procs.append((subprocess.Popen([DASK, *args], env=env, stdout=out, stderr=subprocess.STDOUT), out))
 
     try:
-        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-              "--scheduler-file", str(scheduler_file), "--preload", "uni_agent.scheduler_preload")
+        start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
+              "--protocol", "tls", *credentials, "--scheduler-file", str(scheduler_file),
+              "--preload", "uni_agent.scheduler_preload")
         poll_until(scheduler_file.exists, 60, "the scheduler file")
-        common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard"]
+        common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard", *credentials]
         start("gpu-worker", "worker", *common, "--name", "gpu-worker", "--nthreads", "2", "--resources", "GPU=2")
         start("sandbox-worker", "worker", *common, "--name", "sandbox-worker", "--nthreads", "4",
               "--resources", "SANDBOX=8")
-        with Client(scheduler_file=str(scheduler_file)) as client:
+        security = file_security(tls)
+        with Client(scheduler_file=str(scheduler_file), security=security) as client:
             client.wait_for_workers(2, timeout=60)
             workers = client.scheduler_info(n_workers=-1)["workers"]
             by_name = {w["name"]: addr for addr, w in workers.items()}
             pids = client.run(os.getpid)
-            yield {"client": client, "scheduler_file": scheduler_file, "records": records, "logs": logs,
+            yield {"client": client, "scheduler_file": scheduler_file, "tls": tls, "security": security,
+                   "records": records, "logs": logs,
                    "gpu": by_name["gpu-worker"], "sandbox": by_name["sandbox-worker"],
                    "gpu_pid": pids[by_name["gpu-worker"]]}
     finally:
@@ -111,7 +123,7 @@ def _run(cluster, rows, tmp_path, **overrides):
                     n=1, output_dir=str(tmp_path / "out"), progress=False, gpu_memory_utilization=0.5,
                     max_model_len=4096, tool_call_parser="qwen3_coder", vllm_extra_args=["--seed", "7"])
     settings.update(overrides)
-    return run(rows, AGENTS, scheduler_file=str(cluster["scheduler_file"]), **settings)
+    return run(rows, AGENTS, scheduler_file=str(cluster["scheduler_file"]), tls_dir=str(cluster["tls"]), **settings)
 
 
 def test_engines_on_gpu_worker_agents_and_verification_on_sandbox_worker(cluster, rows, tmp_path, fake):
@@ -205,8 +217,10 @@ def test_too_few_gpus_fail_before_anything_starts(cluster, rows, tmp_path, fake)
 
 def test_two_drivers_never_share_a_gpu(cluster, fake):
     async def scenario():
-        async with Client(scheduler_file=str(cluster["scheduler_file"]), asynchronous=True) as a, \
-                Client(scheduler_file=str(cluster["scheduler_file"]), asynchronous=True) as b:
+        async with Client(scheduler_file=str(cluster["scheduler_file"]), security=cluster["security"],
+                          asynchronous=True) as a, \
+                Client(scheduler_file=str(cluster["scheduler_file"]), security=cluster["security"],
+                       asynchronous=True) as b:
             first = await place_replicas(a, tp=1, nnodes=1, n_gpus_per_node=1)
             second = await place_replicas(b, tp=1, nnodes=1, n_gpus_per_node=1)
             assert (first[0].worker, second[0].worker) == (cluster["gpu"], cluster["gpu"])
@@ -217,8 +231,6 @@ def test_two_drivers_never_share_a_gpu(cluster, fake):
             third = await place_replicas(b, tp=1, nnodes=1, n_gpus_per_node=1)
             assert third[0].cuda_visible_devices == first[0].cuda_visible_devices
         # b left without releasing: the scheduler dropped its leases with the client.
-
-    import asyncio
 
     asyncio.run(scenario())
     assert LEASES_PLUGIN in cluster["client"].run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
@@ -235,3 +247,32 @@ def test_one_machine_without_a_scheduler_gets_a_gpu_worker(cluster, rows, tmp_pa
     servers = _servers(fake)
     assert sorted(s["cuda_visible_devices"] for s in servers) == ["0", "1"]
     assert len({s["ppid"] for s in servers}) == 1  # both on the one GPU worker
+
+
+def test_a_cluster_started_apart_takes_only_its_credentials(cluster, rows, tmp_path):
+    """The scheduler and both workers answer the cluster's credentials and refuse everyone else, including credentials
+    of another `tls init`; a driver without the files gets a clear error, not a hang."""
+    addresses = [cluster["client"].scheduler.address, cluster["gpu"], cluster["sandbox"]]
+    own = cluster["security"].get_connection_args("client")
+    other = tmp_path / "other-tls"
+    write_credentials(other)
+    foreign = file_security(other).get_connection_args("client")
+
+    async def probe():
+        answers = [(await identity(address, **own))["type"] for address in addresses]
+        report = {address: await attempts(address) for address in addresses}
+        try:
+            await identity(addresses[0], **foreign)
+            report[addresses[0]]["tls with another init's credentials"] = "CONNECTED"
+        except Exception as exc:  # the handshake or the first read fails
+            report[addresses[0]]["tls with another init's credentials"] = f"refused: {exc!r}"
+        return answers, report
+
+    answers, report = asyncio.run(probe())
+    assert answers == ["Scheduler", "Worker", "Worker"]
+    assert not got_in(report), json.dumps(report, indent=1)
+    assert report[addresses[0]]["tls with another init's credentials"].startswith("refused")
+    with pytest.raises(CredentialsError, match=r"no TLS credentials at .*nowhere"):
+        run(rows[:1], AGENTS, scheduler_file=str(cluster["scheduler_file"]), tls_dir=str(tmp_path / "nowhere"),
+            engine="external", base_url="http://127.0.0.1:9/v1", model_name="m", output_dir=str(tmp_path / "out"),
+            progress=False)
