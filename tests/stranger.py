@@ -79,7 +79,8 @@ def got_in(report: dict[str, dict[str, str]]) -> list[str]:
     """The attempts that got in, and the ports that were not even reachable (where a refusal proves nothing)."""
     wrong = []
     for address, outcomes in report.items():
-        wrong += [f"{address} {name}: {outcomes[name]}" for name in ATTEMPTS if not outcomes[name].startswith("refused")]
+        wrong += [f"{address} {name}: {outcomes[name]}" for name in ATTEMPTS
+                  if not outcomes[name].startswith("refused")]
         if outcomes["port reachable"] != "yes":
             wrong.append(f"{address} not reachable: {outcomes['port reachable']}")
     return wrong

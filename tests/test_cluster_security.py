@@ -126,7 +126,8 @@ def test_another_user_cannot_reach_the_runs_cluster_nor_root_theirs(other_user):
              "    async with cluster_client(load_settings(local_workers=1)) as c:\n"
              "        info = await c.scheduler.identity(n_workers=-1)\n"
              "        uid = await c.submit(os.getuid, pure=False)\n"
-             "        print(json.dumps({'addresses': [c.scheduler.address, *info['workers']], 'uid': uid}), flush=True)\n"
+             "        where = [c.scheduler.address, *info['workers']]\n"
+             "        print(json.dumps({'addresses': where, 'uid': uid}), flush=True)\n"
              "        await asyncio.to_thread(sys.stdin.read)\n"
              "asyncio.run(main())\n")
     theirs = popen_as(other_user, [sys.executable, "-c", serve])

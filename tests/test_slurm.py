@@ -1,6 +1,7 @@
 """uni-agent on a real SLURM cluster (slurm-wlm + munge daemons on localhost, started here): the cluster/ sbatch
 scripts and the dask-jobqueue launcher each bring up a scheduler, a GPU worker group and a sandbox worker group as
-SLURM jobs, and parallel_verify.py / parallel_infer.py run against them with --scheduler-file.
+SLURM jobs, and parallel_verify.py / parallel_infer.py run against them with --scheduler-file. Both clusters speak TLS
+with the credentials in UNI_AGENT_TLS_DIR (written by submit.sh / the launcher); a client without them is refused.
 
 There are no GPUs here: the node's `gpu` GRES is two dummy device files (Slurm allocates them and sets
 CUDA_VISIBLE_DEVICES as on a GPU node), and the engine is tests/fake_vllm.py behind a `vllm` executable on PATH,
@@ -22,6 +23,8 @@ from distributed import Client
 
 from conftest import REPO_ROOT
 from slurm_fixture import LocalSlurm
+from stranger import attempts, got_in
+from uni_agent.driver.tls import file_security
 
 EXAMPLES = REPO_ROOT / "examples" / "agent_interaction"
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
@@ -54,7 +57,8 @@ def job_env(slurm, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {**slurm.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_VLLM_DIR": str(tmp_path / "fake-vllm"),
-           "UNI_AGENT_SHARED": str(shared), "UNI_AGENT_VENV": str(REPO_ROOT / ".venv")}
+           "UNI_AGENT_SHARED": str(shared), "UNI_AGENT_VENV": str(REPO_ROOT / ".venv"),
+           "UNI_AGENT_TLS_DIR": str(tmp_path / "tls")}
     yield env
     slurm.cancel_all_and_wait()
 
@@ -97,7 +101,8 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
     while not Path(scheduler_file).exists():
         assert time.monotonic() < deadline, f"no scheduler file; jobs: {slurm.jobs()}\n{_job_logs(env)}"
         time.sleep(0.2)
-    with Client(scheduler_file=scheduler_file, timeout=30) as client:
+    with Client(scheduler_file=scheduler_file, timeout=30, security=file_security(Path(env["UNI_AGENT_TLS_DIR"]))) \
+            as client:
         client.wait_for_workers(2, timeout=90)
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         assert sorted((w["name"].split("-")[0], w["resources"]) for w in workers) == [
@@ -111,6 +116,7 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
     assert health.read() == b"ok"
     page = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/uni-agent", timeout=10)
     assert page.status == 200 and b"uni-agent" in page.read().lower()  # installed by the preload, before any driver
+    refuses_strangers(scheduler_file, env["UNI_AGENT_TLS_DIR"])
 
     _check_verify_and_infer(env, tmp_path / "out", scheduler_file)
 
@@ -121,8 +127,9 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
 def test_jobqueue_launcher(slurm, job_env, tmp_path):
     scheduler_file = tmp_path / "shared" / "scheduler.json"
     env = {**job_env, "PYTHONPATH": str(REPO_ROOT / "tests")}
-    check = (f"from pathlib import Path; import test_slurm as t; "
-             f"t._check_verify_and_infer(dict(__import__('os').environ), Path({str(tmp_path / 'out')!r}), None)")
+    check = (f"from pathlib import Path; import os, test_slurm as t; "
+             f"t.refuses_strangers(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR']); "
+             f"t._check_verify_and_infer(dict(os.environ), Path({str(tmp_path / 'out')!r}), None)")
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "cluster" / "launch_jobqueue.py"), "--scheduler-file", str(scheduler_file),
          "--host", "127.0.0.1", "--port", "0", "--dashboard-port", str(_free_port()), "--queue", "debug",
@@ -136,6 +143,22 @@ def test_jobqueue_launcher(slurm, job_env, tmp_path):
     logs = list((tmp_path / "shared" / "logs").glob("ua-gpu-*.err"))
     assert logs, list((tmp_path / "shared" / "logs").iterdir())
     slurm.wait_for(lambda: not slurm.jobs(), 60, "the launcher's jobs to be cancelled")
+
+
+def refuses_strangers(scheduler_file: str, tls_dir: str) -> None:
+    """The cluster speaks TLS, answers its credentials, and refuses clients without them (scheduler and workers)."""
+    import asyncio
+
+    assert Path(tls_dir, "key.pem").stat().st_mode & 0o777 == 0o600
+    with Client(scheduler_file=scheduler_file, timeout=30, security=file_security(Path(tls_dir))) as client:
+        addresses = [client.scheduler.address, *client.scheduler_info(n_workers=-1)["workers"]]
+    assert len(addresses) == 3 and all(a.startswith("tls://") for a in addresses), addresses
+
+    async def probe():
+        return {address: await attempts(address) for address in addresses}
+
+    report = asyncio.run(probe())
+    assert not got_in(report), json.dumps(report, indent=1)
 
 
 def _job_logs(env: dict) -> str:
