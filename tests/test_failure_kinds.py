@@ -157,7 +157,7 @@ def test_rows_written_with_the_old_exit_reason_names_read_with_todays(tmp_path):
     assert dict(zip(narrow.instance_id, narrow.exit_reason, strict=True)) == expected
     summary = summarize(pd.read_parquet(path), num_tasks=3, n=1, wall_seconds=10)
     assert summary["exit_reasons"] == {"submitted": 1, "max_turns": 0, "context_limit": 0, "command_timeouts": 1,
-                                       "wall_clock": 1, "error": 0}
+                                       "wall_clock": 1, "program_failed": 0, "error": 0}
     html = render_report(pd.read_parquet(path))
     assert "wall_clock" in html and "command_timeouts" in html and "timeout_budget" not in html
 
