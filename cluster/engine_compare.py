@@ -66,16 +66,23 @@ def one_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
     sched_file = work / "scheduler.json"
     config = work / "agent_config.yaml"
     config.write_text(re.sub(r"concurrency: \d+", f"concurrency: {args.concurrency}", AGENT_CONFIG.read_text(), 1))
+    from uni_agent.driver.tls import write_credentials
+
+    tls = work / "tls"  # the cluster speaks TLS as the SLURM recipes' does
+    write_credentials(tls)
+    credentials = ["--tls-ca-file", str(tls / "ca.pem"), "--tls-cert", str(tls / "cert.pem"),
+                   "--tls-key", str(tls / "key.pem")]
     procs = [start(logs, "scheduler", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-                   "--dashboard-address", ":0", "--scheduler-file", str(sched_file),
-                   "--preload", "uni_agent.scheduler_preload")]
+                   "--dashboard-address", "127.0.0.1:0", "--protocol", "tls", *credentials,
+                   "--scheduler-file", str(sched_file), "--preload", "uni_agent.scheduler_preload")]
     try:
         deadline = time.monotonic() + 60
         while not sched_file.exists():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no scheduler file after 60 s; see {logs / 'scheduler.log'}")
             time.sleep(0.2)
-        common = ["--scheduler-file", str(sched_file), "--host", "127.0.0.1", "--no-dashboard", "--nworkers", "1"]
+        common = ["--scheduler-file", str(sched_file), "--host", "127.0.0.1", "--no-dashboard", "--nworkers", "1",
+                  *credentials]
         procs.append(start(logs, "gpu-worker", "distributed.cli.dask_worker", *common, "--name", "gpu-worker",
                            "--nthreads", "2", "--resources", "GPU=1"))
         procs.append(start(logs, "sandbox-worker", "distributed.cli.dask_worker", *common, "--name",
@@ -98,7 +105,8 @@ def one_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
         with open(work / "driver.log", "wb") as driver_log:
             # Results are flushed in parts of 4, so a run stopped at --time-limit still counts what it finished.
             driver = subprocess.Popen(command, stdout=driver_log, stderr=subprocess.STDOUT, env={
-                **os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "UNI_AGENT_FLUSH_EVERY": "4"})
+                **os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "UNI_AGENT_FLUSH_EVERY": "4",
+                "UNI_AGENT_TLS_DIR": str(tls)})
             try:
                 code = driver.wait(args.time_limit or None)
             except subprocess.TimeoutExpired:

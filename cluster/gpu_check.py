@@ -74,15 +74,19 @@ def nvidia_smi() -> tuple[dict[str, str], list[dict[str, str]]]:
 async def check(args: argparse.Namespace) -> bool:
     from distributed import Client, LocalCluster
 
+    from uni_agent.driver.tls import client_security, local_security, scheduler_file_address
     from uni_agent.engines.vllm import VllmServer
     from uni_agent.engines.placement import place_replicas, release_replicas
 
     started = time.monotonic()
+    # TLS either way: the cluster's files (UNI_AGENT_TLS_DIR) for a scheduler file, temporary ones for a local cluster
+    address = await scheduler_file_address(args.scheduler_file) if args.scheduler_file else None
+    security = client_security(address, os.environ.get("UNI_AGENT_TLS_DIR")) if address else None
     async with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, asynchronous=True, host="127.0.0.1",
-                            dashboard_address=":0", resources={"GPU": args.gpus}) if not args.scheduler_file \
+                            dashboard_address="127.0.0.1:0", protocol="tls://", security=local_security(),
+                            resources={"GPU": args.gpus}) if not args.scheduler_file \
             else _nothing() as cluster, \
-            Client(cluster if cluster is not None else None, scheduler_file=args.scheduler_file,
-                   asynchronous=True) as client:
+            Client(cluster if cluster is not None else address, security=security, asynchronous=True) as client:
         replicas = await place_replicas(client, tp=args.tp, nnodes=args.nnodes, n_gpus_per_node=args.gpus)
         command_args = {"executable": f"{sys.executable} {Path(__file__).resolve()}", "model": "gpu-probe",
                         "served_name": "gpu-probe", "tp": args.tp, "gpu_memory_utilization": 0.9,
