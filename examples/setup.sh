@@ -17,6 +17,7 @@ command -v g++ >/dev/null || required+=(g++)
 command -v ninja >/dev/null || required+=(ninja-build)  # the llama-server build; it keeps per-file compile times
 python3 -c "import venv, ensurepip" 2>/dev/null || required+=(python3-venv)
 command -v umoci >/dev/null || optional+=(umoci)  # unpacks container images, only for local sandboxes with `image:`
+command -v newuidmap >/dev/null || optional+=(uidmap)  # without root: image owners and an image's User inside
 
 if [ "$(id -u)" = 0 ]; then APT=(apt-get)
 elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then APT=(sudo -n apt-get)
@@ -30,7 +31,7 @@ if [ ${#wanted[@]} -gt 0 ] && [ ${#APT[@]} -gt 0 ]; then
 elif [ ${#wanted[@]} -gt 0 ]; then
   # Not root and no password-less sudo: say what is missing and how to get it, instead of failing inside apt.
   if [ ${#optional[@]} -gt 0 ]; then
-    echo "setup: optional, not installed: ${optional[*]} (only local sandboxes with an image: need it;" \
+    echo "setup: optional, not installed: ${optional[*]} (only local sandboxes with an image: need them;" \
          "an administrator can run: apt-get install ${optional[*]})" >&2
   fi
   if [ ${#required[@]} -gt 0 ]; then
