@@ -26,6 +26,7 @@ class ReplicaVersions:
     def __init__(self, urls: list[str], version: int = 0):
         self.version = dict.fromkeys(urls, version)
         self.calls = dict.fromkeys(urls, 0)  # model calls in flight on each replica
+        self.answered = dict.fromkeys(urls, 0)  # model calls made on each replica so far (answered or failed)
         self.switches = dict.fromkeys(urls, 0)  # weight switches begun on each replica
         self._open = {url: asyncio.Event() for url in urls}  # cleared while the replica switches
         for gate in self._open.values():
@@ -43,6 +44,7 @@ class ReplicaVersions:
 
     def end(self, url: str) -> None:
         self.calls[url] -= 1
+        self.answered[url] += 1
 
     def switched(self, url: str, call: Call) -> bool:
         return self.switches[url] != call.switches

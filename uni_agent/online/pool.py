@@ -45,13 +45,14 @@ class VersionedPool(ActorPool):
         return list(await asyncio.gather(*(one(h) for h in self.handles())))
 
     async def replica_load(self) -> dict[str, dict[str, Any]]:
-        """Per engine URL, summed over the agent workers: rollouts on it, calls in flight, paused, version."""
-        load: dict[str, dict[str, Any]] = {url: {"rollouts": 0, "calls": 0, "paused": False, "version": v}
-                                           for url, v in self.versions.items()}
+        """Per engine URL, summed over the agent workers: rollouts on it, calls in flight and made, paused, version."""
+        load: dict[str, dict[str, Any]] = {url: {"rollouts": 0, "calls": 0, "calls_done": 0, "paused": False,
+                                                 "version": v} for url, v in self.versions.items()}
         for answer in await self.broadcast("replica_load"):
             for url, entry in (answer or {}).items():
-                mine = load.setdefault(url, {"rollouts": 0, "calls": 0, "paused": False, "version": None})
-                mine["rollouts"] += entry["rollouts"]
-                mine["calls"] += entry["calls"]
+                mine = load.setdefault(url, {"rollouts": 0, "calls": 0, "calls_done": 0, "paused": False,
+                                             "version": None})
+                for field in ("rollouts", "calls", "calls_done"):
+                    mine[field] += entry[field]
                 mine["paused"] = mine["paused"] or entry["paused"]
         return load

@@ -201,7 +201,7 @@ class RolloutService:
     # -- weights -----------------------------------------------------------------------------------------------------
 
     async def update_weights(self, version: int, path: str | None = None, *, model_name: str | None = None,
-                             lora: bool = False, drain_timeout: float = 10.0, preflight: bool = False,
+                             lora: bool = False, drain_timeout: float = 30.0, preflight: bool = False,
                              timeout: float | None = None) -> UpdateReport:
         """Every engine replica serves `version` from `path` (a GGUF for llama_cpp; a checkpoint directory or LoRA
         adapter for vllm) or, for an external endpoint, under the served `model_name`. Rollouts in flight go on,
