@@ -1,0 +1,296 @@
+"""The agent worker: a lightweight Dask actor that runs many rollouts as async loops on its worker's event loop.
+
+Nothing here blocks: sandboxes are asyncio subprocesses and the LLM client is async. The driver decides how many
+rollouts each worker runs at once; the Router picks the least-loaded engine replica for each new rollout, and the
+rollout keeps that replica for all its turns, which keeps the server's prefix cache warm, unless the replica dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ..current_worker import worker_address
+from ..events import worker_emitter
+from ..grading import grade_in_sandbox
+from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
+from ..logs import configure_logging
+from ..redact import register_secret
+from .replica_versions import ReplicaVersions
+from .rollout import RolloutResult, RolloutSpec
+
+log = structlog.get_logger("uni_agent.worker")
+ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.driver.mailbox polls every 2 s)
+
+
+class AgentWorker:
+    def __init__(self, urls: list[str], model: str, api_key: str | None, sampling: dict[str, Any],
+                 llm_timeout: float, log_dir: str, log_level: str = "INFO", token_capture: str | None = None):
+        if not urls:
+            raise ValueError("AgentWorker needs at least one engine URL")
+        register_secret(api_key)
+        configure_logging(log_dir, "agent-worker", log_level)
+        self.urls = list(urls)
+        # With several replicas a dead one is not waited for: its rollouts move on (Router).
+        self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling,
+                                        retry_unreachable=len(urls) == 1, token_capture=token_capture)
+                        for url in urls}
+        self.router = Router(self.clients, give_up_after=llm_timeout)
+        self.address = worker_address()
+        self.emit = worker_emitter()
+        # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
+        self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
+        self._finished_event = asyncio.Event()
+        self._running: dict[tuple[str, int], asyncio.Task] = {}  # rollout key -> its task
+        self._last_collect = time.monotonic()
+        self._watch: asyncio.Task | None = None
+
+    async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
+        use_pidfd_child_watcher()
+        session = self.router.session()
+        try:
+            loop_class = _import(spec.agent.target)
+            # the loop imports no grading: a reward graded in the agent's own sandbox comes in through this hook
+            loop = loop_class(spec.agent, session, self.emit, grade_in_sandbox=grade_in_sandbox)
+            result: RolloutResult = await loop.run(spec, worker=self.address)
+        finally:
+            session.close()
+        if spec.agent.log_dir:
+            _save_trajectory(spec.agent.log_dir, result)
+        return result
+
+    async def start_rollouts(self, specs: list[RolloutSpec]) -> int:
+        """Start each rollout as a task on this worker's loop and return at once; `collect` returns the results."""
+        self._last_collect = time.monotonic()
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(self._cancel_orphans())
+        for spec in specs:
+            task = asyncio.ensure_future(self._run_to_collect(spec))
+            self._running[spec.key] = task
+            task.add_done_callback(lambda t, key=spec.key: self._running.pop(key, None) if self._running.get(key)
+                                   is t else None)
+        return len(specs)
+
+    async def _run_to_collect(self, spec: RolloutSpec) -> None:
+        try:
+            done: tuple[Any, ...] = (spec.key, await self.run_rollout(spec), None)
+        except Exception as exc:  # reaches the driver as this rollout's failed actor call
+            done = (spec.key, None, f"{type(exc).__name__}: {exc}")
+        self._finished.append(done)
+        self._finished_event.set()
+
+    async def _cancel_orphans(self) -> None:
+        """A driver that died leaves its rollouts running here (Dask drops the actor, not its tasks): when no one has
+        collected for ORPHAN_AFTER_S, they are cancelled, which closes their sandboxes. A live driver collects every
+        few seconds; a resumed driver runs them again."""
+        while True:
+            await asyncio.sleep(ORPHAN_AFTER_S / 4)
+            if self._running and time.monotonic() - self._last_collect > ORPHAN_AFTER_S:
+                log.warning("driver_gone", cancelled=len(self._running), seconds=ORPHAN_AFTER_S)
+                for task in list(self._running.values()):
+                    task.cancel()
+                self._finished.clear()
+
+    async def collect(self, wait: float) -> list[tuple[tuple[str, int], RolloutResult | None, str | None]]:
+        """The rollouts finished since the last call; waits up to `wait` seconds for one when there is none."""
+        self._last_collect = time.monotonic()
+        if not self._finished:
+            self._finished_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished_event.wait(), wait)
+        finished, self._finished = self._finished, []
+        return finished
+
+    async def cancel_rollouts(self, keys: list[tuple[str, int]]) -> int:
+        """Cancel those of these rollouts that run here (their sandboxes close first); returns how many did."""
+        tasks = [self._running[k] for k in ((str(a), int(b)) for a, b in keys) if k in self._running]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(tasks)
+
+    async def pause_replica(self, url: str, drain_timeout: float) -> int:
+        """No new model calls to this replica (its weights are about to switch); waits up to drain_timeout s for
+        those in flight and returns how many still run (uni_agent.episode.replica_versions)."""
+        return await self.router.versions.pause(url, drain_timeout)
+
+    async def resume_replica(self, url: str, version: int, model: str | None = None) -> None:
+        """The replica serves `version` (under the served name `model`, when given): calls go on."""
+        if model:
+            self.clients[url].model = model
+        self.router.versions.resume(url, version)
+
+    async def replica_load(self) -> dict[str, dict[str, Any]]:
+        v = self.router.versions
+        return {url: {"rollouts": self.router.load[url], "calls": v.calls[url], "calls_done": v.answered[url],
+                      "paused": v.paused(url), "version": v.version[url]} for url in self.clients}
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        for task in list(self._running.values()):  # rollouts whose driver is gone: their sandboxes close on cancellation
+            task.cancel()
+        for client in self.clients.values():
+            await client.aclose()
+
+
+class Router:
+    """Engine replicas for the rollouts of one agent worker: a new rollout gets the least-loaded live replica and
+    keeps it for every turn (the server's prefix cache stays warm). A replica that stops accepting connections is
+    skipped for `down_for` seconds and the rollouts on it continue, conversation intact, on another replica."""
+
+    def __init__(self, clients: dict[str, ChatClient], *, down_for: float = 30, give_up_after: float = 600):
+        self.clients = clients
+        self.load = dict.fromkeys(clients, 0)
+        self.down_until: dict[str, float] = {}
+        self.down_for, self.give_up_after = down_for, give_up_after
+        self.failovers = 0
+        self.versions = ReplicaVersions(list(clients))  # the policy version each replica serves (uni_agent.online)
+
+    def pick(self) -> str:
+        """The least-loaded replica not marked down (and not switching weights, when one is not); when all are down,
+        the one whose mark ends first."""
+        now = time.monotonic()
+        live = [u for u in self.clients if self.down_until.get(u, 0) <= now]
+        live = [u for u in live if not self.versions.paused(u)] or live
+        if live:
+            return min(live, key=self.load.__getitem__)
+        return min(self.clients, key=self.down_until.__getitem__)
+
+    def mark_down(self, url: str) -> None:
+        self.down_until[url] = time.monotonic() + self.down_for
+
+    def session(self) -> RolloutSession:
+        return RolloutSession(self)
+
+
+class RolloutSession:
+    """What the agent loop talks to: `chat` on the rollout's replica, moving to another when that one is down."""
+
+    def __init__(self, router: Router):
+        self.router = router
+        self.url = router.pick()
+        router.load[self.url] += 1
+
+    def _move(self, url: str) -> None:
+        self.router.load[self.url] -= 1
+        self.router.load[url] += 1
+        self.url = url
+
+    async def chat(self, *args: Any, **kwargs: Any) -> ChatReply:
+        deadline = time.monotonic() + self.router.give_up_after
+        versions = self.router.versions
+        while True:
+            await versions.wait_open(self.url)  # its replica is switching weights: wait for it (sticky)
+            called, call = self.url, versions.begin(self.url)
+            try:
+                reply = await self.router.clients[called].chat(*args, **kwargs)
+            except LLMError as exc:
+                if versions.switched(called, call):
+                    continue  # cut off by a switch of weights: made again on the new ones
+                if not isinstance(exc, EndpointDownError) or len(self.router.clients) == 1:
+                    raise
+                if time.monotonic() > deadline:
+                    raise LLMError(f"every engine replica is down ({', '.join(self.router.clients)}); "
+                                   f"last: {exc}") from exc
+                self.router.mark_down(self.url)
+                previous, url = self.url, self.router.pick()
+                wait = self.router.down_until.get(url, 0) - time.monotonic()
+                if wait > 0:  # every replica is down: wait for the first mark to end (a restart may bring it back)
+                    await asyncio.sleep(wait)
+                self._move(url)
+                if url != previous:
+                    self.router.failovers += 1
+                    log.warning("replica_failover", url_from=previous, url_to=url, error=str(exc))
+                continue
+            finally:
+                versions.end(called)
+            if versions.switched(called, call):
+                continue  # answered while its replica switched weights: which weights sampled it is unknown
+            if reply.tokens is not None:
+                reply.tokens.version = call.version
+            return reply
+
+    def close(self) -> None:
+        self.router.load[self.url] -= 1
+
+
+class _PidfdChildWatcher(asyncio.AbstractChildWatcher):
+    """Python 3.11 waits for every asyncio subprocess in a thread of its own (ThreadedChildWatcher): a thread start
+    per sandbox command, and one more thread contending for the GIL while it runs. Python 3.12 watches a pidfd on the
+    event loop instead; this does the same on 3.11, on whichever loop started the process (a worker runs the agents'
+    loop and, in threads, each verification's own loop)."""
+
+    def add_child_handler(self, pid: int, callback: Any, *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop._add_reader(pidfd, self._exited, loop, pid, pidfd, callback, args)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _exited(loop: Any, pid: int, pidfd: int, callback: Any, args: tuple[Any, ...]) -> None:
+        loop._remove_reader(pidfd)
+        os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+            returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere
+            returncode = 255
+        callback(pid, returncode, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        return False
+
+    def attach_loop(self, loop: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return True
+
+    def __enter__(self) -> _PidfdChildWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_watcher_installed = False
+
+
+def use_pidfd_child_watcher() -> None:
+    """On Python 3.11 and a kernel with pidfds, wait for subprocesses with a pidfd on the event loop (see above)."""
+    global _watcher_installed
+    if _watcher_installed or sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    _watcher_installed = True
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # an old kernel, or a sandbox (gVisor) without pidfd_open: keep the threaded watcher
+        return
+    asyncio.set_child_watcher(_PidfdChildWatcher())
+
+
+def _import(target: str) -> Any:
+    module, _, name = target.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _save_trajectory(log_dir: str, result: RolloutResult) -> None:
+    # One readable file per rollout, named by instance and rollout index (not by an opaque run uuid).
+    path = Path(log_dir).expanduser() / result.run_id / f"{result.instance_id}__r{result.rollout}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = result.row()
+    row["messages"] = json.loads(row["messages"])
+    path.write_text(json.dumps(row, indent=1, ensure_ascii=False))
