@@ -7,8 +7,9 @@ a call the switch cut off is made again on the new weights. Other replicas keep 
 replicas a rollout never waits for more than its own replica's switch.
 
     llama_cpp   a restart of the replica's llama-server on the new GGUF, on its port (ServerActor.restart, the same
-                restart that brings a crashed server back); with preflight the new file is first loaded on a spare
-                port while the old server serves, so a file that does not load costs no pause at all
+                restart that brings a crashed server back). Without preflight (the default) a file that does not
+                load is noticed by the restart, which starts the old model again; with it, the new file is first
+                loaded on a spare port (within the replica's pause) and the old server is never stopped for it
     vllm        no restart: the runtime endpoints of the running server. An adapter (lora=True) is loaded with
                 POST /v1/load_lora_adapter {lora_name, lora_path} (the server started with --enable-lora and
                 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and the calls then name it as their model. Full weights are
@@ -22,7 +23,6 @@ left them), replicas already switched are switched back, and the error says what
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -136,7 +136,8 @@ async def update_engines(engine: str, engines: Any, pool: Any, *, version: int, 
             report.replicas.append(await switch_replica(pool, url, version, lora_name or old_models[url],
                                                         drain_timeout, switch))
         except Exception as exc:
-            undone = await _roll_back(engine, pool, done, old_version, old_path, old_models, timeout)
+            undone = await _roll_back(engine, pool, done, old_version, old_path, old_models, timeout,
+                                      reload=not lora, api_key=engines.api_key)
             serving = f"version {old_version}" + (f" ({old_path})" if old_path else "")
             raise UpdateFailed(
                 f"update to version {version} ({path}) failed on {url}: {type(exc).__name__}: {str(exc)[:3000]}; "
@@ -150,14 +151,19 @@ async def update_engines(engine: str, engines: Any, pool: Any, *, version: int, 
 
 
 async def _roll_back(engine: str, pool: Any, done: list[tuple[Any, str]], old_version: int, old_path: str | None,
-                     old_models: dict[str, str | None], timeout: float) -> list[str]:
+                     old_models: dict[str, str | None], timeout: float, *, reload: bool, api_key: str | None
+                     ) -> list[str]:
     """Replicas already switched go back to the old weights (newest first); returns those that could not."""
     failed = []
     for server, url in reversed(done):
         if engine == "llama_cpp" and old_path is not None:
             switch = lambda server=server: llama_restart(server, old_path, timeout, False)  # noqa: E731
-        else:  # vLLM's adapter or full weights: the old name / path again is the trainer's to give; calls use the old
-            async def switch() -> None:  # model name again
+        elif engine == "vllm" and reload and old_path is not None:  # full weights: reload the old ones
+            switch = lambda url=url: vllm_switch(url, old_path, lora_name=None, api_key=api_key,  # noqa: E731
+                                                 timeout=timeout)
+        else:  # an adapter: it was only added; calls name the old model again
+
+            async def switch() -> None:
                 return None
         try:
             await switch_replica(pool, url, old_version, old_models[url], 0.0, switch)

@@ -1,0 +1,132 @@
+"""The online service's figures, measured in one run on this machine's CPU (llama-server + SmolLM2, real sandboxes).
+
+    python examples/rl/bench.py --steps 2 --n 2 --max-samples 2 --out outputs/rl-bench
+
+1. update pause: update_weights with a batch in flight and with none: the time until every replica serves the new
+   version, and the pause (a replica taking no new call) within it.
+2. a step boundary, synchronous vs asynchronous: `steps` steps of generate -> stand-in train -> update_weights,
+   once waiting for each batch before training and updating (sync), once with the next batch already running while
+   the trainer works and the update happens under it (async); rollouts per minute over the whole loop, both printed.
+3. the service against parallel_infer.py on the same batch (the same rows x n, temperature 0 so both sample the
+   same tokens): rollouts per minute over the rollouts' own span (first start to last finish, read from the rows),
+   which leaves out what only one of them pays (cluster and engine start); parallel_infer's end-to-end rate too.
+The stand-in trainer step (uni_agent.training.standin) writes a perturbed GGUF; a real trainer's step takes longer,
+which only widens the gap between sync and async.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from uni_agent.driver.dataset import read_rows
+from uni_agent.engines.llama_cpp import default_model_path
+from uni_agent.online import RolloutService
+from uni_agent.tasks.swe_form import convert
+from uni_agent.training.standin import perturb_gguf
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rollout_span_rate(frame: pd.DataFrame) -> float:
+    """Rollouts per minute over first start .. last finish, from the rows' own timestamps."""
+    span = frame["finished_at"].max() - frame["started_at"].min()
+    return len(frame) / span * 60 if span > 0 else 0.0
+
+
+async def loop(service: RolloutService, rows: list, args: argparse.Namespace, overlap: bool, first_version: int,
+               weights: Path) -> dict:
+    base, started, count, pauses = default_model_path(), time.monotonic(), 0, []
+    batch = await service.submit(rows, n=args.n)
+    for step in range(args.steps):
+        results = await batch.results()
+        count += len(results)
+        if overlap and step + 1 < args.steps:
+            batch = await service.submit(rows, n=args.n)
+        version = first_version + step + 1
+        path = weights / f"v{version}.gguf"
+        perturb_gguf(base, path, seed=version)  # the stand-in training step
+        report = await service.update_weights(version, str(path))
+        pauses.append(round(report.max_pause_s, 2))
+        if not overlap and step + 1 < args.steps:
+            batch = await service.submit(rows, n=args.n)
+    seconds = time.monotonic() - started
+    return {"rollouts": count, "seconds": round(seconds, 1), "rollouts_per_min": round(count / seconds * 60, 2),
+            "pauses_s": pauses}
+
+
+async def service_figures(rows: list, args: argparse.Namespace, out: Path) -> dict:
+    figures: dict = {}
+    service = await RolloutService.start(output_dir=str(out / "service"), engine="llama_cpp", verify=False,
+                                         max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=0.0)
+    async with service:
+        weights = out / "weights"
+        # 3. the same batch as parallel_infer (first: the weights are the base model's, as parallel_infer's)
+        batch = await service.submit(rows, n=args.n)
+        results = pd.DataFrame([r.row() for r in await batch.results()])
+        figures["service_batch"] = {"rollouts": len(results), "span_rollouts_per_min": round(rollout_span_rate(
+            results), 2), "completion_tokens": int(results["completion_tokens"].sum())}
+        # 1. update pause, idle and under load
+        perturb_gguf(default_model_path(), weights / "v1.gguf", seed=1)
+        idle = await service.update_weights(1, str(weights / "v1.gguf"))
+        batch = await service.submit(rows, n=args.n)
+        while not any(e["calls"] for e in (await service.stats())["engines"].values()):
+            await asyncio.sleep(0.2)
+        perturb_gguf(default_model_path(), weights / "v2.gguf", seed=2)
+        loaded = await service.update_weights(2, str(weights / "v2.gguf"))
+        spanning = [r for r in await batch.results() if r.version_min == 1 and r.version_max == 2]
+        figures["update"] = {
+            "idle": {"seconds": round(idle.seconds, 2), "pause_s": round(idle.max_pause_s, 2)},
+            "under_load": {"seconds": round(loaded.seconds, 2), "pause_s": round(loaded.max_pause_s, 2),
+                           "calls_cut_off": sum(r.drain_left for r in loaded.replicas),
+                           "rollouts_spanning_it": len(spanning)}}
+        # 2. sync vs async through step boundaries
+        figures["sync"] = await loop(service, rows, args, False, 2, weights)
+        figures["async"] = await loop(service, rows, args, True, 2 + args.steps, weights)
+    return figures
+
+
+def parallel_infer(args: argparse.Namespace, data: Path, out: Path) -> dict:
+    command = [sys.executable, str(REPO / "examples/agent_interaction/parallel_infer.py"), "--data-path", str(data),
+               "--n", str(args.n), "--max-turns", str(args.max_turns), "--max-tokens", str(args.max_tokens),
+               "--temperature", "0", "--no-verify", "--no-progress", "--output-dir", str(out)]
+    subprocess.run(command, check=True, env={**os.environ}, stdout=subprocess.DEVNULL)
+    results = pd.read_parquet(out / "results")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"rollouts": len(results), "span_rollouts_per_min": round(rollout_span_rate(results), 2),
+            "end_to_end_rollouts_per_min": summary["rollouts_per_minute"],
+            "completion_tokens": int(results["completion_tokens"].sum())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--max-samples", type=int, default=2)
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default="outputs/rl-bench")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    convert(None, out / "all.parquet")
+    rows = read_rows(out / "all.parquet")[: args.max_samples]
+    pd.DataFrame(rows).to_parquet(out / "tasks.parquet")
+    figures = asyncio.run(service_figures(rows, args, out))
+    figures["parallel_infer"] = parallel_infer(args, out / "tasks.parquet", out / "parallel_infer")
+    a, b = figures["service_batch"]["span_rollouts_per_min"], figures["parallel_infer"]["span_rollouts_per_min"]
+    figures["service_vs_parallel_infer"] = round(a / b, 3) if b else None
+    (out / "figures.json").write_text(json.dumps(figures, indent=1))
+    print(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":  # LocalCluster spawns worker processes: the guard is required
+    main()
