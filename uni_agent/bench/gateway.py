@@ -181,3 +181,113 @@ def run_gateway_bench(calls: int = 300, json_path: Path | None = None, echo: Any
     if json_path is not None:
         json_path.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+# -- the rollout sweep: a harness program as the agent next to our loop ----------------------------------------------
+
+# A thin harness: mini-swe-agent's protocol (one `bash` tool; done when a command prints its submit line) in the
+# standard library, so that the sweep shows the harness path's own cost next to a real program's.
+THIN = r"""
+import json, os, subprocess, urllib.request
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
+         "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "system", "content": "Run commands."}, {"role": "user", "content": open(os.environ["UNI_AGENT_PROMPT_FILE"]).read()}]
+while True:
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"messages": messages, "tools": tools}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    reply = json.load(urllib.request.urlopen(request))["choices"][0]["message"]
+    messages.append(reply)
+    for call in reply.get("tool_calls") or []:
+        out = subprocess.run(json.loads(call["function"]["arguments"])["command"], shell=True, capture_output=True,
+                             text=True).stdout
+        if out.startswith("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"):
+            raise SystemExit(0)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": out})
+"""
+
+
+def harness_agents(concurrency: int, turns: int, program: str, scratch: Path):
+    """The bench workload for a harness: mini-swe-agent (its shipped config on the prepared venv) or the thin program;
+    structured tool calls from the scripted endpoint (a `bash` tool, then mini's submit command)."""
+    import yaml
+
+    from ..config import AgentConfigs
+    from ..harness.prepare import prepare
+    from ..settings import REPO_ROOT
+
+    if program == "mini-swe-agent":
+        entry = yaml.safe_load((REPO_ROOT / "examples" / "harness" / "mini_swe_agent.yaml").read_text())[0]
+        entry["harness"]["mounts"] = {"/opt/mini-swe-agent": str(prepare("mini-swe-agent"))}
+    else:
+        (scratch / "thin").mkdir(parents=True, exist_ok=True)
+        (scratch / "thin" / "thin.py").write_text(THIN)
+        entry = {"name": "swe_agent", "_target_": "uni_agent.harness.HarnessAgent",
+                 "harness": {"command": "python3 /opt/thin/thin.py", "mounts": {"/opt/thin": str(scratch / "thin")}}}
+    entry.update(concurrency=concurrency, interaction={"max_turns": turns + 2, "tools_in": "api",
+                                                       "episode_timeout": 3600})
+    entry.setdefault("env", {})["deployment"] = {"type": "local", "deployment_timeout": 3600}
+    return AgentConfigs({entry["name"]: entry}, f"bench harness {program}")
+
+
+def sweep_point(system: str, base_url: str, *, concurrency: int, turns: int, rollouts: int, out_dir: Path
+                ) -> dict[str, Any]:
+    """One run of `rollouts` rollouts at `concurrency` on one agent worker: rollouts/min and CPU per model call."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from ..runner import run
+    from ..sandbox.repo import prepare_base_repo, resolve_repo
+    from .measure import Cpu, machine_cpu_seconds
+    from .ours import TASK, bench_agents, bench_rows
+
+    agents = bench_agents(concurrency, turns) if system == "our loop" else harness_agents(concurrency, turns, system, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = bench_rows(out_dir.parent)
+    prepare_base_repo(resolve_repo(f"bundled:{TASK}"))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
+                      resources={"SANDBOX": 4096}, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        before_workers, before_driver, machine_before = client.run(cpu_now), cpu_now(), machine_cpu_seconds()
+        started = time.monotonic()
+        results = run(rows, agents, client=client, engine="external", base_url=base_url, model_name="scripted",
+                      n=rollouts, agent_workers=1, verify=False, progress=False, output_dir=str(out_dir)).results
+        makespan = time.monotonic() - started
+        machine = machine_cpu_seconds() - machine_before
+        workers = sum((cpu - before_workers[a] for a, cpu in client.run(cpu_now).items()), Cpu())
+        driver = cpu_now() - before_driver
+    calls = max(1, int(results["num_turns"].sum()))
+    return {"system": system, "concurrency": concurrency, "rollouts": rollouts,
+            "ok": int((results["exit_reason"] == "submitted").sum()), "llm_calls": calls,
+            "rollouts_per_min": rollouts / makespan * 60, "makespan_s": makespan,
+            "framework_cpu_ms_per_turn": (workers.own + driver.own) / calls * 1000,
+            "sandbox_cpu_ms_per_turn": workers.children / calls * 1000,
+            "machine_cpu_ms_per_turn": machine / calls * 1000,
+            "errors": sorted({str(e)[:200] for e in results["error"].dropna()})[:2]}
+
+
+def run_harness_sweep(concurrency: list[int], rollouts_per_slot: int = 2, turns: int = 4, delay_s: float = 0.5,
+                      systems: tuple[str, ...] = ("our loop", "thin program", "mini-swe-agent"), echo: Any = print
+                      ) -> list[dict[str, Any]]:
+    """Our loop, a thin stdlib harness and mini-swe-agent on the same workload, one after another at each concurrency: `turns` commands
+    (`echo hello && ls`) then the end, the endpoint answering after `delay_s`."""
+    from .endpoint import EndpointProcess
+
+    echo(f"uni-agent bench --gateway-sweep: {os.cpu_count()} CPUs, load average {load_average():.2f}; {turns} "
+         f"commands + submit per rollout, endpoint delay {delay_s:g} s, one agent worker; framework = driver + "
+         "worker CPU (the gateway's included), sandbox = what the worker reaped (little: bwrap's pid namespace keeps "
+         "the program's CPU from it), machine = /proc/stat, everything (the harness program's own CPU included)")
+    echo(f"{'system':<16} {'conc':>5} {'ok':>7} {'rollouts/min':>13} {'framework ms/turn':>18} "
+         f"{'sandbox ms/turn':>16} {'machine ms/turn':>16}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="uni-agent-bench-harness-") as tmp, \
+            EndpointProcess(delay_s=delay_s, turns=turns, command="echo hello && ls") as endpoint:
+        for c in concurrency:
+            for system in systems:
+                row = sweep_point(system, endpoint.base_url, concurrency=c, turns=turns,
+                                  rollouts=c * rollouts_per_slot, out_dir=Path(tmp) / f"{system}-{c}".replace(" ", "-"))
+                rows.append(row)
+                echo(f"{system:<16} {c:>5} {row['ok']:>3}/{row['rollouts']:<3} {row['rollouts_per_min']:>13.1f} "
+                     f"{row['framework_cpu_ms_per_turn']:>18.1f} {row['sandbox_cpu_ms_per_turn']:>16.1f} "
+                     f"{row['machine_cpu_ms_per_turn']:>16.1f}" + (f"  {row['errors']}" if row["errors"] else ""))
+    return rows

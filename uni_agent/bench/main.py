@@ -168,6 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the harness model gateway's overhead per call: latency p50/p95 and worker CPU, next "
                         "to a direct call (uni_agent/bench/gateway.py)")
     parser.add_argument("--gateway-calls", type=int, default=300, help="calls per path for --gateway (300)")
+    parser.add_argument("--gateway-sweep", action="store_true",
+                        help="our loop next to mini-swe-agent as a harness, at each --concurrency (default 4,16): "
+                        "rollouts/min and CPU per turn (--turns 4, --delay-s 0.5; needs its prepared venv)")
                      "in-memory stand-in (commands take --command-s, canned output) and the model an endpoint pool")
     sim.add_argument("--in-flight", type=ints, default=None, help="rollouts in flight to sweep (default 1000)")
     sim.add_argument("--command-s", type=float, default=0.05, help="seconds each stand-in command takes (0.05)")
@@ -204,6 +207,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         run_gateway_bench(args.gateway_calls, args.json, echo=lambda line: print(line, flush=True))
         return 0
+    if args.gateway_sweep:
+        from .gateway import run_harness_sweep
+
+        rows = run_harness_sweep(args.concurrency or [4, 16], turns=args.turns or 4,
+                                 delay_s=args.delay_s if args.delay_s is not None else 0.5,
+                                 echo=lambda line: print(line, flush=True))
+        return 0 if all(r["ok"] == r["rollouts"] for r in rows) else 1
     if args.baseline or args.sandbox_only or args.client_only:
         return compare_with_baseline(args)
     report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
