@@ -22,7 +22,7 @@ from uni_agent.grading.swe_local import SweLocalGrader
 @pytest.fixture
 def own_registry(monkeypatch):
     """Graders registered in a test stay in that test."""
-    monkeypatch.setattr(registry, "_GRADERS", dict(registry._GRADERS))
+    monkeypatch.setattr(registry.GRADERS, "_entries", dict(registry.GRADERS._entries))
 
 
 def _agent(reward: dict[str, Any], row: dict):

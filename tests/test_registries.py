@@ -59,8 +59,21 @@ def test_registry_imports_a_path_entry_on_first_use_and_rejects_a_second_registr
         things.register("dumps", json.loads)
     things.register("dumps", json.loads, replace=True)
     assert things.get("dumps") is json.loads
-    with pytest.raises(UnknownName, match=r"^unknown thing 'load'; known things: dumps$"):
+    with pytest.raises(UnknownName, match=r"^unknown thing 'load'; known things: dumps \(or package.module:Object\)$"):
         things.get("load")
+
+
+def test_an_import_path_names_an_object_without_registering_it():
+    """"package.module:Object" works wherever a name does, in any process that can import the module; a path that
+    does not import is an UnknownName saying why, checked as early as a name."""
+    things: Registry[Any] = Registry("thing", {"dumps": "json:dumps"})
+    assert things.check("json:loads") == "json:loads" and things.get("json:loads") is json.loads
+    assert things.get("os.path:join.__name__") == "join"
+    assert things.names() == ["dumps"]  # a path is not a registration
+    with pytest.raises(UnknownName, match=r"^cannot import thing 'no_such_module_xyz:X': ModuleNotFoundError: No "):
+        things.check("no_such_module_xyz:X")
+    with pytest.raises(UnknownName, match=r"^cannot import thing 'json:nope': AttributeError: .*'nope'"):
+        things.get("json:nope")
 
 
 # --- tool-call text formats -----------------------------------------------------------------------------------------
@@ -198,23 +211,54 @@ def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():
         asyncio.run(start_engines(None, unchecked, "/tmp/logs"))
 
 
-def test_every_deployment_type_has_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:
-    """A deployment `type` that config accepts must name a backend in SANDBOXES, and make_sandbox finds a backend
-    by that name alone (no chain to extend)."""
-    from uni_agent.config import DEPLOYMENT_TYPES, MemoryDeploymentConfig
-    from uni_agent.sandbox import SANDBOXES, make_sandbox
+def test_every_deployment_type_names_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:
+    """A deployment `type` picks a config class in DEPLOYMENTS, whose sandbox_class make_sandbox makes: a new backend
+    is one config class registered (no union or chain to extend)."""
+    from uni_agent.config import DEPLOYMENTS, DeploymentBase, EnvConfig, MemoryDeploymentConfig
+    from uni_agent.registry import import_object
+    from uni_agent.sandbox import make_sandbox
     from uni_agent.sandbox.memory import MemorySandbox
 
-    assert sorted(SANDBOXES.names()) == sorted(DEPLOYMENT_TYPES)
+    assert DEPLOYMENTS.names() == ["local", "docker", "podman", "modal", "memory"]
+    for name in DEPLOYMENTS:
+        config_class = DEPLOYMENTS.get(name)
+        assert issubclass(config_class, DeploymentBase) and config_class.model_config["extra"] == "forbid"
+        sandbox_class = import_object(config_class.sandbox_class)
+        assert all(callable(getattr(sandbox_class, m, None)) for m in ("start", "exec", "close")), sandbox_class
     assert isinstance(make_sandbox(MemoryDeploymentConfig(), {}, "m"), MemorySandbox)
 
     class Recorded(MemorySandbox):
         pass
 
-    SANDBOXES.register("memory", Recorded, replace=True)
+    class RecordedConfig(MemoryDeploymentConfig):
+        sandbox_class = Recorded
+        type: str = "recorded"
+
+    DEPLOYMENTS.register("recorded", RecordedConfig)
     try:
-        assert type(make_sandbox(MemoryDeploymentConfig(), {}, "m")) is Recorded
+        deployment = EnvConfig.model_validate({"deployment": {"type": "recorded", "command_s": 0}}).deployment
+        assert type(deployment) is RecordedConfig and type(make_sandbox(deployment, {}, "m")) is Recorded
     finally:
-        SANDBOXES.register("memory", "uni_agent.sandbox.memory:MemorySandbox", replace=True)
+        DEPLOYMENTS.unregister("recorded")
     with pytest.raises(UnknownName, match=r"unknown deployment type 'vefaas'; known deployment types: local, "):
-        SANDBOXES.get("vefaas")
+        DEPLOYMENTS.get("vefaas")
+
+
+def test_a_deployment_type_keeps_its_config_strict_and_its_errors_named(tmp_path: Path) -> None:
+    """Keys the chosen backend does not have, a wrong value, an unknown type and a type that names something other
+    than a deployment config are errors naming the field."""
+    def error(deployment: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as caught:
+            validate_agent({"name": "a", "env": {"deployment": deployment}}, "agents.yaml")
+        return str(caught.value)
+
+    assert "env.deployment.image_tag: Extra inputs are not permitted" in error({"type": "local", "image_tag": "x"})
+    assert "env.deployment.workspace: Input should be 'auto', 'overlay' or 'copy'" in error(
+        {"type": "local", "workspace": "tmpfs"})
+    assert "env.deployment: Value error, unknown deployment type 'kubernetes'; known deployment types: local" in error(
+        {"type": "kubernetes"})
+    assert "env.deployment: Value error, type 'json:dumps' names <function dumps" in error({"type": "json:dumps"})
+    no_type = validate_agent({"name": "a", "env": {"deployment": {"repo": "bundled:x"}}}, "here")
+    assert no_type.env.deployment.type == "local" and no_type.env.deployment.repo == "bundled:x"
+    dumped = no_type.model_dump(mode="json")["env"]["deployment"]
+    assert dumped["type"] == "local" and dumped["workspace"] == "auto"  # every field of the backend's config

@@ -11,14 +11,14 @@ writing one; each class is small and the file holds nothing but the models and t
 from __future__ import annotations
 
 import copy
-import importlib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
+from .registry import Registry, import_object
 from .tool_calls.registry import TEXT_FORMATS
 from .tools.registry import TOOLS
 
@@ -37,6 +37,14 @@ class StrictModel(BaseModel):
 
 
 class DeploymentBase(StrictModel):
+    """What every sandbox backend's config has. A backend is a subclass that sets `type` and `sandbox_class`, registered
+    in DEPLOYMENTS (or named by its import path in `type`, which then is a plain `str` field)."""
+
+    sandbox_class: ClassVar[Any]
+    """The backend's Sandbox class, or its "module:Class" path, imported only where a sandbox starts (so an optional
+    SDK such as modal's is needed only there); made with (config, env_variables, name=...)."""
+    type: str
+    """The backend: a name in DEPLOYMENTS, or the import path of its config class."""
     startup_timeout: float = 600
     """Seconds allowed for the sandbox to start (per attempt)."""
     runtime_timeout: float = 300
@@ -60,6 +68,7 @@ class LocalDeploymentConfig(DeploymentBase):
     """A bubblewrap sandbox on this machine. Its root is the host's filesystem, read-only, or with `image` the image's
     root filesystem, copy-on-write; the task repo (`repo`, if given) is mounted copy-on-write at `workdir`."""
 
+    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.local:LocalSandbox"
     type: Literal["local"] = "local"
     image: str | None = None
     """A container image to run in, unpacked once per node (no container runtime needed): a registry reference
@@ -89,6 +98,7 @@ class ContainerDeploymentConfig(ImageDeploymentBase):
     The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
     copy in at start. The defaults are those that work with rootful podman + runc on Debian (see the README)."""
 
+    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.container:ContainerSandbox"
     type: Literal["docker", "podman"] = "podman"
     repo: str | None = None
     """A repository to copy into `workdir` at start: a directory, or `bundled:<instance_id>`. None: the image's."""
@@ -121,6 +131,7 @@ class ContainerDeploymentConfig(ImageDeploymentBase):
 class ModalDeploymentConfig(ImageDeploymentBase):
     """A Modal sandbox (modal SDK, `pip install 'uni-agent[modal]'`), from a registry image."""
 
+    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.modal:ModalSandbox"
     type: Literal["modal"] = "modal"
     app_name: str = "uni-agent"
     """The Modal app the sandboxes belong to (looked up, created if missing)."""
@@ -156,6 +167,7 @@ class MemoryDeploymentConfig(DeploymentBase):
     """Not a sandbox: a stand-in for the data plane in `uni-agent bench --simulate` (uni_agent/sandbox/memory.py).
     Every command takes `command_s` seconds and returns `output`; nothing runs. For measuring the control plane."""
 
+    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.memory:MemorySandbox"
     type: Literal["memory"] = "memory"
     workdir: str = "/testbed"
     start_s: float = Field(default=0.0, ge=0)
@@ -166,19 +178,37 @@ class MemoryDeploymentConfig(DeploymentBase):
     """What every command prints (the patch command prints nothing)."""
 
 
-# One entry per backend.
-DeploymentConfig = Annotated[
-    LocalDeploymentConfig | ContainerDeploymentConfig | ModalDeploymentConfig | MemoryDeploymentConfig,
-    Field(discriminator="type"),
-]
-DEPLOYMENT_TYPES = ("local", "docker", "podman", "modal", "memory")
+# deployment `type` → its config class, which names its sandbox class. A backend from outside the package is named by
+# its config class's import path in `type` (it reaches every worker that can import it), or registered here.
+DEPLOYMENTS: Registry[type[DeploymentBase]] = Registry("deployment type", {
+    "local": LocalDeploymentConfig,
+    "docker": ContainerDeploymentConfig,
+    "podman": ContainerDeploymentConfig,
+    "modal": ModalDeploymentConfig,
+    "memory": MemoryDeploymentConfig,
+})
+
+
+def deployment_config(value: dict[str, Any]) -> DeploymentBase:
+    """A deployment mapping validated by the config class its `type` names (`local` when it names none)."""
+    config_class = DEPLOYMENTS.get(value.get("type", "local"))
+    if not (isinstance(config_class, type) and issubclass(config_class, DeploymentBase)):
+        raise ValueError(f"type {value['type']!r} names {config_class!r}, not a subclass of "
+                         "uni_agent.config.DeploymentBase")
+    return config_class.model_validate(value)
 
 
 class EnvConfig(StrictModel):
-    deployment: DeploymentConfig = Field(default_factory=LocalDeploymentConfig)
+    deployment: SerializeAsAny[DeploymentBase] = Field(default_factory=LocalDeploymentConfig)
+    """Where the sandbox lives: `type` picks the backend (DEPLOYMENTS), the other keys are that backend's config."""
     env_variables: dict[str, str] = Field(default_factory=dict)
     post_setup_cmd: str = ""
     """Run once in the sandbox after it starts (e.g. install a package); a failure fails the rollout."""
+
+    @field_validator("deployment", mode="before")
+    @classmethod
+    def _by_type(cls, value: Any) -> Any:
+        return deployment_config(value) if isinstance(value, dict) else value
 
     @field_validator("env_variables")
     @classmethod
@@ -303,9 +333,8 @@ class AgentConfig(StrictModel):
     @classmethod
     def _importable(cls, target: str) -> str:
         target = TARGET_ALIASES.get(target, target)
-        module_name, _, attr = target.rpartition(".")
         try:
-            getattr(importlib.import_module(module_name), attr)
+            import_object(target)
         except (ImportError, AttributeError, ValueError) as exc:
             raise ValueError(f"cannot import {target!r}: {exc}") from None
         return target
@@ -325,10 +354,7 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 def format_validation_error(exc: ValidationError, where: str) -> str:
     lines = [f"{where}: invalid agent config"]
     for err in exc.errors():
-        # pydantic puts the union's tag (e.g. `local`) into the path; the YAML has no such key.
-        loc = [p for i, p in enumerate(err["loc"]) if not (i and err["loc"][i - 1] == "deployment" and p in
-                                                            DEPLOYMENT_TYPES)]
-        field = ".".join(str(p) for p in loc) or "(root)"
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
         lines.append(f"  {field}: {err['msg']}")
     return "\n".join(lines)
 

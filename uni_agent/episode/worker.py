@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ from ..grading import grade_in_sandbox
 from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
+from ..registry import import_object
 from .replica_versions import ReplicaVersions
 from .rollout import RolloutResult, RolloutSpec
 
@@ -58,7 +58,7 @@ class AgentWorker:
         use_pidfd_child_watcher()
         session = self.router.session()
         try:
-            loop_class = _import(spec.agent.target)
+            loop_class = import_object(spec.agent.target)
             # the loop imports no grading: a reward graded in the agent's own sandbox comes in through this hook
             loop = loop_class(spec.agent, session, self.emit, grade_in_sandbox=grade_in_sandbox)
             result: RolloutResult = await loop.run(spec, worker=self.address)
@@ -280,11 +280,6 @@ def use_pidfd_child_watcher() -> None:
     except OSError:  # an old kernel, or a sandbox (gVisor) without pidfd_open: keep the threaded watcher
         return
     asyncio.set_child_watcher(_PidfdChildWatcher())
-
-
-def _import(target: str) -> Any:
-    module, _, name = target.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _save_trajectory(log_dir: str, result: RolloutResult) -> None:

@@ -1,8 +1,8 @@
 """Grading: what a reward type is (grader.py), the graders by name (registry.py), and verification as coroutines
 on the worker's event loop (verify.py).
 
-Imports run one way: config → sandbox → grading → agent loop → worker → driver. Grading in the agent's own sandbox
-reaches the agent loop as a hook (`grade_in_sandbox`, passed in by the worker), never by an import.
+Grading sits below the episode in the import layers (tests/test_import_order.py). Grading in the agent's own
+sandbox reaches the agent loop as a hook (`grade_in_sandbox`, passed in by the worker), never by an import.
 
 Graders (the row's `reward.name`):
 - `swe_local` (swe_local.py): bundled and user tasks in SWE-bench form; pytest, our log parser (pytest_log.py).
@@ -17,9 +17,9 @@ Graders (the row's `reward.name`):
 """
 
 from .grader import Grader
-from .registry import check_reward_config, grader_for, known_graders, register_grader
+from .registry import GRADERS, check_reward_config, grader_for, known_graders, register_grader
 from .verification import Verification
 from .verify import ReferenceKind, grade_in_sandbox, verify_patch, verify_reference
 
-__all__ = ["Grader", "ReferenceKind", "Verification", "check_reward_config", "grade_in_sandbox", "grader_for",
-           "known_graders", "register_grader", "verify_patch", "verify_reference"]
+__all__ = ["GRADERS", "Grader", "ReferenceKind", "Verification", "check_reward_config", "grade_in_sandbox",
+           "grader_for", "known_graders", "register_grader", "verify_patch", "verify_reference"]

@@ -1,44 +1,52 @@
 """The graders by name (`reward.name`), and the check that a row's reward can be graded before anything runs.
 
-A new reward type is a class with the Grader protocol's members, passed to `register_grader` (by its module or by
-the code that loads it); nothing else changes.
+A new reward type is a class with the Grader protocol's members. A row names it by import path
+(`reward.name: mypkg.graders:MyGrader`, imported where it grades, so it works on every worker that can import
+`mypkg`), or by a short name given with `register_grader` in the process that grades. A name that is a class is
+instantiated for each use; one that is an instance is used as it is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
+from ..registry import Registry, UnknownName, is_import_path
 from ..swebench.spec import test_list
-from .swe_bench import SweBenchGrader
-from .swe_local import SweLocalGrader
-from .swe_smith import SweSmithGrader
-from .terminal_bench import TerminalBenchGrader
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from .grader import Grader
 
-_GRADERS: dict[str, Grader] = {}
+GRADERS: Registry[Any] = Registry("grader", {
+    "swe_local": "uni_agent.grading.swe_local:SweLocalGrader",
+    "swe_bench": "uni_agent.grading.swe_bench:SweBenchGrader",
+    "swe_smith": "uni_agent.grading.swe_smith:SweSmithGrader",
+    "terminal_bench": "uni_agent.grading.terminal_bench:TerminalBenchGrader",
+})
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")  # a list, or a JSON string of one (never its characters)
 
 
 def register_grader(grader: Grader) -> Grader:
     """Make `grader` the one for reward.name == grader.name (a later one of the same name replaces it)."""
-    _GRADERS[grader.name] = grader
+    GRADERS.register(grader.name, grader, replace=True)
     return grader
 
 
 def known_graders() -> tuple[str, ...]:
-    return tuple(_GRADERS)
+    return tuple(GRADERS.names())
 
 
 def grader_for(name: str | None) -> Grader:
-    """The grader registered as `name`; ConfigError naming it and the known ones otherwise."""
+    """The grader `name` names; ConfigError naming it and the known ones otherwise."""
+    if not isinstance(name, str) or (name not in GRADERS and not is_import_path(name)):
+        raise ConfigError(f"reward.name {name!r} is not a known grader; available: {known_graders()} "
+                          "(or package.module:Grader)")
     try:
-        return _GRADERS[name]  # type: ignore[index]
-    except KeyError:
-        raise ConfigError(f"reward.name {name!r} is not a known grader; available: {known_graders()}") from None
+        grader = GRADERS.get(name)
+    except UnknownName as exc:
+        raise ConfigError(f"reward.name: {exc}") from None
+    return grader() if isinstance(grader, type) else grader
 
 
 def check_reward_config(agent: AgentConfig, where: str) -> None:
@@ -61,7 +69,3 @@ def check_reward_config(agent: AgentConfig, where: str) -> None:
         grader.check_metadata(reward.metadata)
     except ConfigError as exc:
         raise ConfigError(f"{where}: reward.metadata: {exc}") from None
-
-
-for _grader in (SweLocalGrader(), SweBenchGrader(), SweSmithGrader(), TerminalBenchGrader()):
-    register_grader(_grader)

@@ -1,26 +1,20 @@
-"""Sandboxes: one protocol (base.py) and one module per backend, found by deployment type in `SANDBOXES`."""
+"""Sandboxes: one protocol (base.py) and one module per backend. A deployment's config class (config.DEPLOYMENTS, by
+`type`) names the backend's class, imported here when a sandbox is made, so optional SDKs (modal) stay optional."""
 
 from __future__ import annotations
 
-from ..config import DeploymentConfig
-from ..registry import Registry
+from ..config import DeploymentBase
+from ..registry import import_object
 from .base import ExecResult, Sandbox, SandboxError, SandboxStartError, clip_output, read_file, write_file
 
-# deployment `type` → backend class, imported on first use so optional SDKs (modal) stay optional. A new backend is a
-# module here, a line in this table, and its config class in config.DeploymentConfig.
-SANDBOXES: Registry[type] = Registry("deployment type", {
-    "local": "uni_agent.sandbox.local:LocalSandbox",
-    "docker": "uni_agent.sandbox.container:ContainerSandbox",
-    "podman": "uni_agent.sandbox.container:ContainerSandbox",
-    "modal": "uni_agent.sandbox.modal:ModalSandbox",
-    "memory": "uni_agent.sandbox.memory:MemorySandbox",  # the data plane's stand-in for `uni-agent bench --simulate`
-})
+
+def make_sandbox(deployment: DeploymentBase, env_variables: dict[str, str], name: str = "") -> Sandbox:
+    """The sandbox for a deployment config (not started), of the class its config class names."""
+    sandbox_class = deployment.sandbox_class
+    if isinstance(sandbox_class, str):
+        sandbox_class = import_object(sandbox_class)
+    return sandbox_class(deployment, env_variables, name=name)
 
 
-def make_sandbox(deployment: DeploymentConfig, env_variables: dict[str, str], name: str = "") -> Sandbox:
-    """The sandbox for a deployment config (not started)."""
-    return SANDBOXES.get(deployment.type)(deployment, env_variables, name=name)
-
-
-__all__ = ["SANDBOXES", "ExecResult", "Sandbox", "SandboxError", "SandboxStartError", "clip_output", "make_sandbox",
-           "read_file", "write_file"]
+__all__ = ["ExecResult", "Sandbox", "SandboxError", "SandboxStartError", "clip_output", "make_sandbox", "read_file",
+           "write_file"]

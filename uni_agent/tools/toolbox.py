@@ -35,7 +35,12 @@ class Toolbox:
         self.names = names
         self.sandbox = sandbox
         self.interaction = interaction
-        self.tools: dict[str, Tool] = {name: tool_class(name)(sandbox, interaction) for name in names}
+        # keyed by the function name the model calls: a tool named by import path ("pkg.mod:Tool") is called by its
+        # schema's name
+        self.tools: dict[str, Tool] = {}
+        for name in names:
+            cls = tool_class(name)
+            self.tools[cls.SCHEMA["function"]["name"]] = cls(sandbox, interaction)
 
     @property
     def schemas(self) -> list[dict]:
@@ -44,6 +49,6 @@ class Toolbox:
     async def run(self, call: ToolCall) -> ToolOutcome:
         started = time.monotonic()
         if call.name not in self.tools:  # the parser validates too; this guards direct callers
-            return ToolOutcome(f"Unknown tool {call.name!r}; available: {', '.join(self.names)}", "error", False, 0.0)
+            return ToolOutcome(f"Unknown tool {call.name!r}; available: {', '.join(self.tools)}", "error", False, 0.0)
         reply = await self.tools[call.name].run(call.arguments)
         return ToolOutcome(reply.observation, reply.status, reply.submitted, time.monotonic() - started)
