@@ -189,7 +189,9 @@ def test_unknown_engine_in_settings_and_cli_names_it_and_lists_the_known(capsys)
         load_settings(engine="sglang")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--engine", "sglang"])
-    assert "invalid choice: 'sglang' (choose from 'llama_cpp', 'external', 'vllm')" in capsys.readouterr().err
+    assert "invalid choice: 'sglang' (choose from 'llama_cpp', 'external', 'vllm', or module:function)" in \
+        capsys.readouterr().err
+    assert build_parser().parse_args(["run", "--engine", "mypkg.engines:start"]).engine == "mypkg.engines:start"
 
 
 def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():

@@ -11,6 +11,7 @@ from typing import Any
 
 from .config import ConfigError
 from .engines.registry import ENGINES
+from .registry import is_import_path
 
 # Flags of both `run` and `verify`: which rows, which cluster, where results go.
 COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -22,11 +23,21 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
                          "help": "worker processes of the LocalCluster started when no scheduler is given"}),
     ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
 ]
+
+
+def _engine(name: str) -> str:
+    """A registered engine, or a start function's import path (imported when the settings load)."""
+    if name in ENGINES or is_import_path(name):
+        return name
+    known = ", ".join(repr(n) for n in ENGINES.names())
+    raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {known}, or module:function)")
+
+
 # Flags of `run` only: the agent, its model and its rollouts (verification grades a fixed patch, no model).
 RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--model-path", {"help": "GGUF file (llama_cpp) or model path (vllm)"}),
     ("--model", {"dest": "model_name", "help": "served model name (external: which model to call)"}),
-    ("--engine", {"choices": ENGINES.names()}),
+    ("--engine", {"type": _engine, "metavar": "{" + ",".join(ENGINES.names()) + "}|module:function"}),
     ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
     ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
     ("--agent-workers", {"type": int, "aliases": ["--num-workers"],
