@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -189,3 +190,36 @@ def test_a_rewritten_history_starts_a_new_chain_with_its_boundary_recorded() -> 
     messages = json.loads(result.messages)
     assert chains[1]["message_start"] == 7 and messages[7]["content"] == "s" and len(messages) == 7 + 5
     assert result.num_turns == 5
+
+
+def test_a_rollout_s_door_answers_its_own_token_only() -> None:
+    """Each rollout's relay connects to a socket of its own, which refuses every other rollout's token: a token that
+    got out of its sandbox still could not reach another rollout's session."""
+
+    async def main() -> tuple[Any, ...]:
+        with ScriptedLLM(lambda body: {"role": "assistant", "content": "ok"}) as engine:
+            client = ChatClient(engine.base_url, "scripted", "the-real-key", max_attempts=1)
+            gateway = await Gateway().start()
+            try:
+                a, b = (Lease(client, "scripted", max_calls=10, deadline=None) for _ in range(2))
+                for lease in (a, b):
+                    gateway.register(lease)
+                    await gateway.door(lease)
+                door_a = next(path for path, lease in gateway._doors.items() if lease is a)
+
+                async def status(token: str) -> int:
+                    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=door_a)) as http, http.post(
+                            "http://gateway/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                            json={"messages": [{"role": "user", "content": "x"}]}) as answer:
+                        return answer.status
+
+                statuses = (await status(a.token), await status(b.token), await status("ua-made-up"))
+                await gateway.close_door(a)
+                return statuses, (a.calls.calls, b.calls.calls), Path(door_a).exists(), len(gateway._doors)
+            finally:
+                await gateway.close()
+                await client.aclose()
+
+    statuses, calls, door_left, doors = asyncio.run(main())
+    assert statuses == (200, 401, 401) and calls == (1, 0)
+    assert not door_left and doors == 1

@@ -141,7 +141,7 @@ async def _through_relay(client: ChatClient, calls: int) -> dict[str, Any]:
         lease = Lease(client, "scripted", max_calls=10 * calls, deadline=None)
         gateway.register(lease)
         async with make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "bench-gateway") as box:
-            port = await box.session.listen(gateway.connect())  # type: ignore[attr-defined]
+            port = await box.session.listen(await gateway.door(lease))  # type: ignore[attr-defined]
             env = _program_env(f"http://127.0.0.1:{port}/v1", lease.token)
             exports = " ".join(f"{k}={json.dumps(v)}" for k, v in env.items())
             await box.exec(f"cat > /tmp/program.py <<'EOF'\n{PROGRAM}\nEOF", 10)

@@ -99,6 +99,7 @@ class HarnessAgent:
             infra(result, "sandbox", result.error)
         finally:
             gateway.unregister(lease)
+            await gateway.close_door(lease)
             if sandbox is not None:
                 await self._collect_patch_and_close(sandbox, result, spec)
         lease.calls.fill(result)
@@ -124,7 +125,7 @@ class HarnessAgent:
         if session is None:
             raise SandboxError(f"the {self.agent.env.deployment.type} sandbox has no supervisor session: "
                                "a harness needs a local, container or Modal sandbox")
-        port = await session.listen(gateway.connect())
+        port = await session.listen(await gateway.door(lease))
         script = await self._write_inputs(session, sandbox, spec, lease, port)
         left = max(deadline - time.monotonic(), 0.001)
         program = asyncio.ensure_future(session.run(f"bash --noprofile --norc {shlex.quote(script)}", left, None,

@@ -15,15 +15,19 @@ time (its calls are one sequence). What the gateway does on the way:
 The program's sampling fields (temperature, max_tokens, ...) and `model` are ignored: the run's settings apply to every
 agent alike. Endpoints: POST /v1/chat/completions, GET /v1/models (also without /v1).
 
-It listens on a Unix socket in a private directory (mode 0700: no other local user can connect), or on 127.0.0.1 for
-the benchmark's direct comparison.
+Each rollout gets a door of its own: a Unix socket in the gateway's private directory (mode 0700: no other local user
+can connect) that its sandbox's relay connects to, and that answers its token only, so that a token could not reach
+another rollout's session even if it got out of its sandbox. (The benchmark's direct comparison listens on 127.0.0.1.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import itertools
 import json
+import os
 import secrets
 import shutil
 import tempfile
@@ -78,6 +82,9 @@ class Gateway:
         self.leases: dict[str, Lease] = {}
         self.socket_dir: str | None = None
         self.port: int | None = None
+        self._doors: dict[str, Lease] = {}  # a rollout's socket path -> its lease
+        self._sites: dict[str, web.UnixSite] = {}
+        self._door_ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         app = web.Application(client_max_size=64 << 20)
         for prefix in ("/v1", ""):
@@ -95,16 +102,26 @@ class Gateway:
         else:
             self.socket_dir = tempfile.mkdtemp(prefix="uni-agent-gateway-")  # 0700: ours alone
             atexit.register(shutil.rmtree, self.socket_dir, True)
-            site = web.UnixSite(self._runner, f"{self.socket_dir}/gateway.sock")
-            await site.start()
         return self
 
-    def connect(self) -> Connect:
-        """How a sandbox's relay reaches this gateway."""
-        if self.socket_dir is not None:
-            return unix_target(f"{self.socket_dir}/gateway.sock")
-        assert self.port is not None, "the gateway is not started"
-        return tcp_target("127.0.0.1", self.port)
+    async def door(self, lease: Lease) -> Connect:
+        """How the rollout's relay reaches the gateway: its own socket, which answers its token only (on TCP, the
+        shared port)."""
+        if self.socket_dir is None:
+            assert self.port is not None and self._runner is not None, "the gateway is not started"
+            return tcp_target("127.0.0.1", self.port)
+        path = f"{self.socket_dir}/r{next(self._door_ids)}.sock"
+        site = web.UnixSite(self._runner, path)
+        await site.start()
+        self._doors[path], self._sites[path] = lease, site
+        return unix_target(path)
+
+    async def close_door(self, lease: Lease) -> None:
+        for path in [p for p, owner in self._doors.items() if owner is lease]:
+            del self._doors[path]
+            await self._sites.pop(path).stop()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     @property
     def url(self) -> str:
@@ -159,8 +176,13 @@ class Gateway:
         return web.json_response(_completion(answer, reply, lease.model_name))
 
     def _lease(self, request: web.Request) -> Lease | None:
+        """The rollout a request belongs to: by its token, and, through a rollout's door, only that rollout's."""
         token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        return self.leases.get(token)
+        lease = self.leases.get(token)
+        door = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        if isinstance(door, str) and door in self._doors and self._doors[door] is not lease:
+            return None
+        return lease
 
     def _over_budget(self, lease: Lease) -> web.Response | None:
         if lease.end is None and lease.calls.calls >= lease.max_calls:
