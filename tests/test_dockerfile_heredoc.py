@@ -129,16 +129,13 @@ def test_classic_dockerfile_turns_heredocs_into_context_files(tmp_path):
 def test_heredoc_tasks_build_and_grade_on_podman(tmp_path):
     """The two heredoc tasks built for real with Debian's podman 4.3 (no heredoc support of its own) on the local
     test image, then graded in their images: the oracle earns 1, the empty answer 0."""
-    from container_image import ImageUnavailable, ensure_image
+    from container_image import image_for_tests
 
     from uni_agent.config import AgentConfigs
     from uni_agent.terminal_bench.preprocess import convert_tasks
     from uni_agent.grading import verify_reference
 
-    try:
-        base, _ = ensure_image()
-    except ImageUnavailable as exc:
-        pytest.fail(f"the podman test image is unavailable: {exc}")
+    base, _ = image_for_tests()
     path, count, skipped = convert_tasks(FIXTURES, tmp_path, deployment="podman", build=True,
                                          build_args={"BASE_IMAGE": base}, build_network="none")
     assert (count, skipped) == (2, []), skipped

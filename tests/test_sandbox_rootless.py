@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from container_image import ImageUnavailable, ensure_image
+from container_image import image_for_tests
 from unprivileged import User, ensure_user, popen_as, remove_users, run_python_as, shared_dir
 
 from uni_agent.config import LocalDeploymentConfig
@@ -55,10 +55,7 @@ def users() -> Iterator[tuple[User, User]]:
 @pytest.fixture(scope="module")
 def images() -> Iterator[dict[str, str]]:
     """References every user can read: the test image (User root) and the derived one, with and without /run."""
-    try:
-        base = ensure_image()[0]
-    except ImageUnavailable as exc:
-        pytest.fail(f"the podman test image is unavailable: {exc}")
+    base = image_for_tests()[0]
     out = shared_dir("uni-agent-rootless-images.")
     (out / "Containerfile").write_text(IMAGE.format(base=base))
     tag = "localhost/uni-agent-test-rootless:v1"

@@ -10,7 +10,7 @@ import subprocess
 
 import pandas as pd
 import pytest
-from container_image import ImageUnavailable, ensure_image
+from container_image import image_for_tests
 from test_sandbox_container import labelled_containers
 from test_terminal_bench import BUNDLED, check_agent_run, preprocess, terminal_agent
 
@@ -27,10 +27,7 @@ PODMAN_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_pod
 
 @pytest.fixture(scope="module")
 def podman_rows(tmp_path_factory) -> list[dict]:
-    try:
-        base, _ = ensure_image()
-    except ImageUnavailable as exc:  # tests/run.sh's machine can build it: a missing image is a failure
-        pytest.fail(f"the podman test image is unavailable: {exc}")
+    base, _ = image_for_tests()  # a failure where it could be built; a skip where only root could
     out = tmp_path_factory.mktemp("tb-podman")
     preprocess(out, "--deployment", "podman", "--build-images", "--build-arg", f"BASE_IMAGE={base}",
                "--build-network", "none")
@@ -77,7 +74,7 @@ def test_verifier_runs_where_the_agent_worked(tmp_path, dask_client):
     """A task whose answer lies outside the workdir (/etc/greeter/port): the tests run in the agent's own
     container after its episode (reward.in_agent_sandbox), as Terminal-Bench's harness runs them, so they see it.
     A fresh container with the workdir's diff replayed would not: the patch is empty."""
-    base, _ = ensure_image()
+    base, _ = image_for_tests()
     preprocess(tmp_path, "--tasks-dir", str(REPO_ROOT / "tests" / "fixtures" / "terminal_bench_machine"),
                "--deployment", "podman", "--build-images", "--build-arg", f"BASE_IMAGE={base}",
                "--build-network", "none")
