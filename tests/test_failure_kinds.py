@@ -53,6 +53,7 @@ def _result(**fields) -> RolloutResult:
     ({"exit_reason": "wall_clock"}, "unresolved", None, "model", "wall_clock"),
     ({"exit_reason": "error", "error": "boom"}, None, None, "infra", "agent: boom"),
     ({}, None, None, "none", "not verified"),
+    ({}, "resolve", None, "infra", "verification: unknown verification status 'resolve'"),  # a grader's typo
 ])
 def test_classification(fields, status, error, kind, cause):
     result = _result(**fields)
@@ -61,6 +62,16 @@ def test_classification(fields, status, error, kind, cause):
                                    reward=1.0 if status == "resolved" else 0.0))
     classify(result)
     assert (result.failure_kind, result.failure_cause) == (kind, cause)
+
+
+def test_the_driver_bound_on_a_verification_is_told_apart_from_a_slow_test_by_one_definition():
+    from uni_agent.grading.verification import no_result
+
+    lost, slow = _result(), _result()
+    lost.record(no_result(900))
+    slow.record(Verification(status="timeout", error="verification ran past 300s"))
+    classify(lost), classify(slow)
+    assert (lost.failure_kind, slow.failure_kind) == ("infra", "model")
 
 
 def test_an_infra_failure_stays_infra_whatever_the_grade():

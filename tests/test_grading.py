@@ -14,7 +14,8 @@ import pytest
 from conftest import AGENT_CONFIG
 from uni_agent.config import AgentConfigs, ConfigError
 from uni_agent.grading import (
-    Verification, check_reward_config, grader_for, known_graders, register_grader, verify_patch, verify_reference)
+    Verification, check_reward_config, grade_in_sandbox, grader_for, known_graders, register_grader, verify_patch,
+    verify_reference)
 from uni_agent.grading import registry
 from uni_agent.grading.swe_local import SweLocalGrader
 
@@ -90,6 +91,20 @@ def test_a_grader_registered_under_a_new_name_is_found_checked_and_used(own_regi
     answers = asyncio.run(both())
     assert [(v.status, v.reward) for v in answers] == [("resolved", 1.0), ("unresolved", 0.0)]
     assert sorted(echo.graded) == ["x = 41\n", "x = 42\n"]
+
+
+@dataclass
+class TypoGrader(EchoGrader):
+    name: str = "typo"
+
+    async def grade(self, sandbox, agent, patch, outcome, oracle):
+        outcome.status, outcome.reward = "resolve", 1.0
+
+
+def test_a_status_no_grader_may_write_is_a_grading_error_not_a_wrong_answer(own_registry, rows):
+    register_grader(TypoGrader())
+    outcome = asyncio.run(grade_in_sandbox(None, _agent({"name": "typo", "metadata": {"expected": "x"}}, rows[0])))
+    assert outcome.status == "error" and "'resolve' is not a valid VerificationStatus" in outcome.error
 
 
 def test_a_row_of_an_unknown_reward_is_graded_as_an_error_not_a_crash(rows):

@@ -22,6 +22,7 @@ from .results import ResultStore
 from ..episode.rollout import RolloutResult, RolloutSpec
 from ..settings import RunSettings
 from ..grading import Verification, verify_patch
+from ..grading.verification import VerificationStatus, no_result
 from .cluster import sandbox_workers
 from .mailbox import Mailboxes
 from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor
@@ -182,8 +183,8 @@ class Dispatcher:
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await self.client.cancel([future])
-            verification = Verification(status="timeout", error=f"no verification result within {limit:g} s")
+            verification = no_result(limit)
         except Exception as exc:
-            verification = Verification(status="error", error=redact(f"{type(exc).__name__}: {exc}"))
+            verification = Verification(status=VerificationStatus.ERROR, error=redact(f"{type(exc).__name__}: {exc}"))
         result.record(verification)
         classify(result)  # a grader that could not run is an infra failure, a wrong answer the model's

@@ -28,6 +28,7 @@ from .inputs import load_inputs
 from ..runner import RunOutcome
 from ..settings import RunSettings, load_settings
 from ..grading import ReferenceKind, Verification, verify_reference
+from ..grading.verification import VerificationStatus
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet
@@ -37,9 +38,10 @@ COLUMNS = ("instance_id", "patch_kind", "bucket", "status", "reward", "patch_app
 
 
 def _bucket(status: str) -> str:
-    if status == "resolved":
+    if status == VerificationStatus.RESOLVED:
         return "resolved"
-    return "wrong_answer" if status in ("unresolved", "patch_failed") else "timeout_or_error"
+    wrong = (VerificationStatus.UNRESOLVED, VerificationStatus.PATCH_FAILED)
+    return "wrong_answer" if status in wrong else "timeout_or_error"
 
 
 def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings | None = None,
@@ -77,7 +79,7 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
                 try:
                     outcome = await future
                 except Exception as exc:  # the worker died or the task was lost: an error, not a crash of the run
-                    outcome = Verification(status="error", error=f"{type(exc).__name__}: {exc}")
+                    outcome = Verification(status=VerificationStatus.ERROR, error=f"{type(exc).__name__}: {exc}")
                 records[instance_id] = _record(instance_id, patch, outcome)
                 unsaved += 1
                 if unsaved >= SAVE_EVERY:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ..grading.verification import NO_RESULT, VerificationStatus, stored_status
 from .exit_reason import ExitReason
 
 if TYPE_CHECKING:
@@ -26,12 +27,17 @@ def classify(result: RolloutResult) -> None:
     if result.failure_kind == "infra":
         return
     verification = json.loads(result.verification or "{}")  # "{}" until graded
-    verification_status, verification_error = verification.get("status"), verification.get("error")
+    verification_error = verification.get("error")
+    try:
+        verification_status = stored_status(verification)
+    except ValueError:  # no grader writes it: a broken grader, not a wrong answer
+        infra(result, "verification", f"unknown verification status {verification['status']!r}")
+        return
     if result.exit_reason == ExitReason.ERROR:  # an error the loop did not attribute: the loop's own machinery failed
         infra(result, "agent", result.error or "the episode ended in an error")
         return
-    if verification_status == "error" or (verification_status == "timeout" and verification_error
-                                           and verification_error.startswith(NO_RESULT)):
+    if verification_status == VerificationStatus.ERROR or (verification_status == VerificationStatus.TIMEOUT
+                                                           and (verification_error or "").startswith(NO_RESULT)):
         infra(result, "verification", verification_error or verification_status)
         return
     if result.resolved:
@@ -44,10 +50,8 @@ def classify(result: RolloutResult) -> None:
     if result.exit_reason != ExitReason.SUBMITTED:  # max_turns, context_limit, command_timeouts, wall_clock
         # (malformed calls end as max_turns)
         result.failure_cause = result.exit_reason
-    elif verification_status in ("patch_failed", "timeout"):
+    elif verification_status in (VerificationStatus.PATCH_FAILED, VerificationStatus.TIMEOUT):
         result.failure_cause = f"verification {verification_status}"  # the model's patch did not apply or hung
     else:
         result.failure_cause = "unresolved"
 
-
-NO_RESULT = "no verification result"  # the driver's own bound on a verification future (driver.dispatch): infra

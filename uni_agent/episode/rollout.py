@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import AgentConfig
+from ..grading.verification import VerificationStatus
 from .exit_reason import ExitReason
 
 if TYPE_CHECKING:
@@ -104,5 +105,5 @@ class RolloutResult:
         self.reward, self.resolved = verification.reward, verification.resolved
         self.verify_s = verification.seconds
         self.verification = verification.to_json()
-        if verification.status in ("error", "timeout") and self.error is None:
+        if verification.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT) and self.error is None:
             self.error = f"verification {verification.status}: {verification.error}"

@@ -14,6 +14,7 @@ from ..sandbox import write_file
 from ..swebench.spec import test_list
 from .grader import LOG_TAIL_CHARS
 from .pytest_log import files_in_patch, grade, parse_pytest_log
+from .verification import VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
@@ -44,7 +45,7 @@ class SweLocalGrader:
             await write_file(sandbox, "/tmp/model.patch", patch.encode())
             applied = await sandbox.exec(f"cd {workdir} && git apply --whitespace=nowarn /tmp/model.patch", timeout)
             if applied.exit_code != 0:
-                outcome.status, outcome.log_tail = "patch_failed", applied.output[-LOG_TAIL_CHARS:]
+                outcome.status, outcome.log_tail = VerificationStatus.PATCH_FAILED, applied.output[-LOG_TAIL_CHARS:]
                 return
         outcome.patch_applied = True
         f2p = test_list(meta["FAIL_TO_PASS"], "FAIL_TO_PASS")
@@ -72,9 +73,9 @@ class SweLocalGrader:
         log = run.output
         outcome.log_tail = log[-LOG_TAIL_CHARS:]
         if run.timed_out:
-            outcome.status = "timeout"
+            outcome.status = VerificationStatus.TIMEOUT
             return
         result = grade(f2p, p2p, parse_pytest_log(log))
         outcome.fail_to_pass, outcome.pass_to_pass = result.fail_to_pass, result.pass_to_pass
         outcome.resolved, outcome.reward = result.resolved, result.reward
-        outcome.status = "resolved" if result.resolved else "unresolved"
+        outcome.status = VerificationStatus.RESOLVED if result.resolved else VerificationStatus.UNRESOLVED

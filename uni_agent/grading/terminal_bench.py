@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..sandbox import Sandbox, write_file
+from .verification import VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
@@ -202,7 +203,7 @@ async def grade_terminal_bench(sandbox: Sandbox, agent: AgentConfig, patch: str,
     elif patch.strip():
         failure = await _apply_patch(sandbox, meta["workdir"], patch, verifier_timeout)
         if failure is not None:
-            outcome.status, outcome.log_tail = "patch_failed", failure
+            outcome.status, outcome.log_tail = VerificationStatus.PATCH_FAILED, failure
             return
     outcome.patch_applied = True
     tests = await run_tests(sandbox, meta, verifier_timeout)
@@ -210,18 +211,18 @@ async def grade_terminal_bench(sandbox: Sandbox, agent: AgentConfig, patch: str,
     if tests.setup_error:
         outcome.status, outcome.error = "error", f"the tests did not run: {tests.setup_error}"
     elif tests.timed_out:
-        outcome.status = "timeout"
+        outcome.status = VerificationStatus.TIMEOUT
         notes.append(f"test.sh ran past the verifier timeout of {verifier_timeout:g}s")
     else:
         try:
             reward = read_reward(tests.files, tests.exit_code)
         except RewardFileError as exc:
-            outcome.status = "error"
+            outcome.status = VerificationStatus.ERROR
             notes.insert(0, str(exc))
         else:
             outcome.reward, outcome.reward_source, outcome.metrics = reward.value, reward.source, reward.metrics
             outcome.resolved = reward.value >= 1.0
-            outcome.status = "resolved" if outcome.resolved else "unresolved"
+            outcome.status = VerificationStatus.RESOLVED if outcome.resolved else VerificationStatus.UNRESOLVED
     if notes:
         outcome.error = "; ".join(notes)
 

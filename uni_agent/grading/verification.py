@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class VerificationStatus(StrEnum):
+    """How grading ended. The model's: unresolved, patch_failed, timeout (its answer hung the tests); the
+    infrastructure's: error (the grader could not run), and a timeout of the driver's own bound (`no_result`)."""
+
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    PATCH_FAILED = "patch_failed"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+NO_RESULT = "no verification result"  # starts the error of `no_result`: how a stored row tells it from a slow test
 
 
 @dataclass
@@ -16,7 +31,7 @@ class Verification:
     reward: float = 0.0
     resolved: bool = False
     patch_applied: bool = False
-    status: str = "error"  # resolved | unresolved | patch_failed | timeout | error
+    status: VerificationStatus = VerificationStatus.ERROR
     fail_to_pass: dict[str, str] = field(default_factory=dict)
     pass_to_pass: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""
@@ -28,3 +43,14 @@ class Verification:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
+
+
+def no_result(limit: float) -> Verification:
+    """What the driver records when a verification future gave nothing within `limit` seconds."""
+    return Verification(status=VerificationStatus.TIMEOUT, error=f"{NO_RESULT} within {limit:g} s")
+
+
+def stored_status(verification: dict[str, Any]) -> VerificationStatus | None:
+    """The status of a row's verification JSON (None: not graded); a value no grader may write is a ValueError."""
+    status = verification.get("status")
+    return None if status is None else VerificationStatus(status)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..sandbox.start import start_sandbox
 from .registry import grader_for
-from .verification import Verification
+from .verification import Verification, VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
@@ -37,11 +37,11 @@ async def verify_reference(agent: AgentConfig, kind: ReferenceKind, name: str = 
     try:
         grader = grader_for(agent.reward.name)
     except Exception as exc:  # recorded on the row like any other grading failure
-        return Verification(status="error", error=str(exc))
+        return Verification(status=VerificationStatus.ERROR, error=str(exc))
     if grader.solves_by_script:
         return await _verify_in_fresh_sandbox(agent, "", name, oracle=True)
     if "patch" not in agent.reward.metadata:
-        return Verification(status="error", error=f"reward.metadata has no gold `patch` for {kind!r}")
+        return Verification(status=VerificationStatus.ERROR, error=f"reward.metadata has no gold `patch` for {kind!r}")
     return await verify_patch(agent, agent.reward.metadata["patch"], name)
 
 
@@ -52,7 +52,7 @@ async def _verify_in_fresh_sandbox(agent: AgentConfig, patch: str, name: str, or
         sandbox = await start_sandbox(agent, name=name)
         outcome = await grade_in_sandbox(sandbox, agent, patch, oracle)
     except Exception as exc:  # the sandbox did not start: recorded on the rollout, never lost
-        outcome = Verification(status="error", error=f"{type(exc).__name__}: {exc}")
+        outcome = Verification(status=VerificationStatus.ERROR, error=f"{type(exc).__name__}: {exc}")
     finally:
         if sandbox is not None:
             await sandbox.close()
@@ -71,10 +71,11 @@ async def grade_in_sandbox(sandbox: Sandbox, agent: AgentConfig, patch: str = ""
         limit = grader.time_limit(agent.reward, oracle)
         try:
             await asyncio.wait_for(grader.grade(sandbox, agent, patch, outcome, oracle), limit)
+            outcome.status = VerificationStatus(outcome.status)  # a grader's misspelt status is an error here
         except TimeoutError:
-            outcome.status, outcome.error = "timeout", f"verification ran past {limit:g}s (eval_timeout=" \
-                                                       f"{agent.reward.eval_timeout:g}s)"
+            outcome.status = VerificationStatus.TIMEOUT
+            outcome.error = f"verification ran past {limit:g}s (eval_timeout={agent.reward.eval_timeout:g}s)"
     except Exception as exc:  # any failure here is recorded on the rollout, never lost
-        outcome.status, outcome.error = "error", f"{type(exc).__name__}: {exc}"
+        outcome.status, outcome.error = VerificationStatus.ERROR, f"{type(exc).__name__}: {exc}"
     outcome.seconds = time.monotonic() - started
     return outcome

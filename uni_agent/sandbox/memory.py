@@ -12,8 +12,7 @@ import asyncio
 
 from ..config import MemoryDeploymentConfig
 from .base import ClosingContext, ExecResult, SandboxError
-
-PATCH_COMMAND = "git diff --cached"  # what sandbox.start.workspace_patch runs: answered with an empty diff
+from .start import PATCH_COMMAND  # answered with an empty diff
 
 
 class MemorySandbox(ClosingContext):

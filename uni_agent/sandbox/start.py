@@ -40,11 +40,12 @@ async def start_sandbox(agent: AgentConfig, name: str, *, make: Callable[..., Sa
     raise AssertionError("unreachable")
 
 
+PATCH_COMMAND = "git add -A && git diff --cached --binary HEAD"  # run at the workdir; stand-in sandboxes match it
+
+
 async def workspace_patch(sandbox: Sandbox, timeout: float = 120) -> str:
     """Everything the agent changed in the workspace, as a git diff against the base snapshot."""
-    result = await sandbox.exec(
-        f"cd {sandbox.workdir} && git add -A && git diff --cached --binary HEAD", timeout, merge_stderr=False
-    )
+    result = await sandbox.exec(f"cd {sandbox.workdir} && {PATCH_COMMAND}", timeout, merge_stderr=False)
     if result.exit_code != 0:
         raise SandboxError(f"git diff failed: {result.stderr.decode('utf-8', 'replace')[-500:]}")
     return result.stdout.decode("utf-8", errors="replace")

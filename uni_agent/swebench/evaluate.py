@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..grading.verification import VerificationStatus
 from ..sandbox import Sandbox, write_file
 from .grading import SweGrade, grade_log
 from .spec import EVAL_SCRIPT_PATH, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, eval_script
@@ -26,7 +27,7 @@ from .spec import EVAL_SCRIPT_PATH, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, eval_sc
 
 @dataclass
 class SweEvaluation:
-    status: str = "error"  # resolved | unresolved | patch_failed | timeout
+    status: VerificationStatus = VerificationStatus.ERROR
     patch_applied: bool = False
     apply_command: str | None = None  # which of GIT_APPLY_CMDS applied the patch
     grade: SweGrade | None = None
@@ -68,7 +69,7 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
         outcome.apply_command, attempts = await apply_patch(sandbox, workdir, patch, left)
         outcome.patch_applied = outcome.apply_command is not None
         if not outcome.patch_applied:
-            outcome.status, outcome.log = "patch_failed", attempts
+            outcome.status, outcome.log = VerificationStatus.PATCH_FAILED, attempts
             outcome.notes.append(f"the patch did not apply with any of: {'; '.join(GIT_APPLY_CMDS)}")
             return outcome
     else:  # an empty patch (the official harness does not evaluate those): the tests run on the unchanged repo
@@ -77,7 +78,7 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
     run = await sandbox.exec(f"cd {workdir} && /bin/bash {EVAL_SCRIPT_PATH} 2>&1", left())
     outcome.log = run.output
     if run.timed_out:
-        outcome.status = "timeout"
+        outcome.status = VerificationStatus.TIMEOUT
         outcome.notes.append(f"the eval script timed out after {run.duration_s:.0f}s (eval_timeout {timeout:g}s; "
                              "the deployment's runtime_timeout also caps one command)")
         return outcome
@@ -85,5 +86,5 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
     outcome.report = outcome.grade.report(patch)
     if not outcome.grade.tests_found:
         outcome.notes.append("the log has no test results between the harness's markers (graded as unresolved)")
-    outcome.status = "resolved" if outcome.grade.resolved else "unresolved"
+    outcome.status = VerificationStatus.RESOLVED if outcome.grade.resolved else VerificationStatus.UNRESOLVED
     return outcome

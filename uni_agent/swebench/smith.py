@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
+from ..grading.verification import VerificationStatus
 from .spec import GIT_APPLY_CMDS, WORKDIR, test_list
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outc
     if patch.strip():
         applied, attempts = await apply_patch(sandbox, workdir, patch, left)
         if applied is None:
-            outcome.status, outcome.log_tail = "patch_failed", attempts[-LOG_TAIL_CHARS:]
+            outcome.status, outcome.log_tail = VerificationStatus.PATCH_FAILED, attempts[-LOG_TAIL_CHARS:]
             outcome.error = f"the patch did not apply with any of: {'; '.join(GIT_APPLY_CMDS)}"
             return
     outcome.patch_applied = True
@@ -244,12 +245,13 @@ async def grade_swe_smith(sandbox: Sandbox, agent: AgentConfig, patch: str, outc
     run = await sandbox.exec(f"/bin/bash {EVAL_SCRIPT_PATH} 2>&1", left())
     outcome.log_tail = run.output[-LOG_TAIL_CHARS:]
     if run.timed_out:
-        outcome.status, outcome.error = "timeout", f"the tests ran past the eval timeout ({timeout:g}s)"
+        outcome.status = VerificationStatus.TIMEOUT
+        outcome.error = f"the tests ran past the eval timeout ({timeout:g}s)"
         return
     grade = grade_log(meta, run.output)
     outcome.fail_to_pass, outcome.pass_to_pass = grade.fail_to_pass, grade.pass_to_pass
     outcome.resolved, outcome.reward = grade.resolved, 1.0 if grade.resolved else 0.0
-    outcome.status = "resolved" if grade.resolved else "unresolved"
+    outcome.status = VerificationStatus.RESOLVED if grade.resolved else VerificationStatus.UNRESOLVED
     outcome.report = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": True,
                       "resolved": grade.resolved, "tests_status": grade.tests_status}
     if not grade.tests_found:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from ..config import AgentConfig
 from ..sandbox import ExecResult, Sandbox, SandboxError
-
-PATCH_COMMAND = "git diff --cached"  # in what sandbox.start.workspace_patch runs
+from ..sandbox.start import PATCH_COMMAND
 
 
 @dataclass(frozen=True)
