@@ -164,6 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
     sim.add_argument("--simulate", action="store_true",
                      help="real dask scheduler/worker/driver processes, events, page and Parquet; the sandbox is an "
+                     "in-memory stand-in (commands take --command-s, canned output) and the model an endpoint pool")
     parser.add_argument("--gateway", action="store_true",
                         help="only the harness model gateway's overhead per call: latency p50/p95 and worker CPU, next "
                         "to a direct call (uni_agent/bench/gateway.py)")
@@ -171,7 +172,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway-sweep", action="store_true",
                         help="our loop next to mini-swe-agent as a harness, at each --concurrency (default 4,16): "
                         "rollouts/min and CPU per turn (--turns 4, --delay-s 0.5; needs its prepared venv)")
-                     "in-memory stand-in (commands take --command-s, canned output) and the model an endpoint pool")
     sim.add_argument("--in-flight", type=ints, default=None, help="rollouts in flight to sweep (default 1000)")
     sim.add_argument("--command-s", type=float, default=0.05, help="seconds each stand-in command takes (0.05)")
     sim.add_argument("--endpoint-processes", type=int, default=2, help="endpoint processes on one port (default 2)")
