@@ -8,7 +8,6 @@ import asyncio
 import functools
 import json
 import random
-import shutil
 import threading
 from collections import Counter
 
@@ -23,6 +22,7 @@ from uni_agent.driver.dataset import build_specs
 from uni_agent.llm import ChatClient
 from uni_agent.sandbox import SandboxStartError
 from uni_agent.sandbox.local import LocalSandbox, sandbox_root
+from uni_agent.sandbox.userns import remove_tree
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
@@ -205,10 +205,12 @@ def test_sandbox_removed_mid_rollout_ends_that_rollout_with_a_clear_error(rows, 
 
     def policy(body):
         if _instance_id(body) == victim and assistant_turns(body) == 1 and not removed:
-            # The sandbox dies under the agent: its directory (workspace, state) is deleted by someone else.
+            # The sandbox dies under the agent: its directory (workspace, state) is deleted by someone else. Without
+            # root its overlay's work dir (mode 0) is removable only from the user's namespace: remove_tree does that.
             dirs = list(sandbox_root().glob(f"{victim}-r0-*"))
             assert len(dirs) == 1, dirs
-            shutil.rmtree(dirs[0])
+            remove_tree(dirs[0])
+            assert not dirs[0].exists()
             removed.append(dirs[0])
             return tool_call_message("execute_bash", {"command": "ls"})
         if assistant_turns(body) < 2:
