@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cpu_split import breakdown_line, split_line
 from .endpoint import EndpointProcess
 from .measure import ensure_limits, load_average
 from .sweep_report import comparison_lines, show_errors, table_head, table_line, target_lines
@@ -78,9 +79,11 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
             for workers in options.workers:
                 row = run_ours(endpoint.base_url, concurrency=concurrency, workers=workers, turns=options.turns,
                                delay_s=options.delay_s, rollouts=rollouts, out_dir=out / f"ours-w{workers}-c{concurrency}",
-                               profile_dir=options.profile_dir)
+                               profile_dir=options.profile_dir, endpoint_pids=[endpoint.pid])
                 rows.append(row)
                 echo(table_line(row))
+                echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
+                echo("    " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
                 show_errors(row, echo)
             if peer_missing is None and concurrency <= options.peer_max_concurrency:
                 try:
@@ -148,6 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure this earlier git commit (a temporary worktree; or a directory holding an "
                         "exported tree), in the same invocation, and "
                         "print before/after tables: the sandbox alone, then the rollout sweep (peer off)")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="with --baseline: only the rollout sweep of REF and of this tree (no client or sandbox "
+                        "figures)")
     parser.add_argument("--sandbox-only", action="store_true",
                         help="only the sandbox figures (true round trip, machine CPU per command, memory per sandbox)")
     parser.add_argument("--sandbox-image", default=None,
@@ -265,6 +271,8 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
         if args.baseline:
             label = f"before ({Path(args.baseline).name[:10]})"
             trees.insert(0, (label, stack.enter_context(baseline.worktree(args.baseline))))
+        if args.sweep_only and args.baseline:
+            return _compare_sweeps(args, trees[0][1], echo, started)
         echo(f"uni-agent bench, LLM client alone: {os.cpu_count()} CPUs, load average {load_average():.2f}; 2,000 "
              "chat requests, 100 in flight, to a scripted endpoint in its own process; CPU of the client's process")
         for label, tree in trees:
@@ -289,6 +297,24 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
             after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)
             for line in baseline.sweep_table(before, after, args.baseline):
                 echo(line)
+    print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _compare_sweeps(args: argparse.Namespace, before_tree: Path | None, echo, started: float) -> int:  # noqa: ANN001
+    """`--baseline REF --sweep-only`: the rollout sweep of REF, then of this tree; the before/after table."""
+    from . import baseline
+
+    bench_args = _sweep_args(args)
+    echo(f"rollout sweep ({' '.join(bench_args)}), {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "
+         f"load average {load_average():.2f}; {args.baseline} then now:")
+    before = baseline.sweep_figures(before_tree, bench_args)
+    after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)
+    label = Path(args.baseline).name if Path(args.baseline).is_dir() else args.baseline
+    for line in baseline.sweep_table(before, after, label):
+        echo(line)
+    if args.json:
+        args.json.write_text(json.dumps({"before": before, "after": after}, indent=1, default=str))
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0
 

@@ -79,7 +79,8 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
     data = out / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
     agent = [{
-        "name": "sim", "_target_": "uni_agent.episode.agent_loop.UniAgentLoop", "concurrency": in_flight,
+        # no _target_: each tree's own default loop (its module moved; --baseline runs older trees)
+        "name": "sim", "concurrency": in_flight,
         "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_parser": "hermes",
                         "max_turns": options.turns + 1, "episode_timeout": 3600, "action_timeout": 60},
         "env": {"deployment": {"type": "memory", "command_s": options.command_s, "startup_timeout": 60}},
@@ -184,10 +185,11 @@ def record_timeline(table: Any, parts: list[Path], t0: float) -> dict[str, float
     tail is the time from the last finish to the last row on disk: what the driver adds after the work is done."""
     if table is None or not parts or table.num_rows == 0:
         return {}
-    last_started = max(table["started_at"].to_pylist()) - t0
+    started = table["started_at"].to_pylist()
+    first_started, last_started = min(started) - t0, max(started) - t0
     last_finished = max(table["finished_at"].to_pylist()) - t0
     last_recorded = max(p.stat().st_mtime for p in parts) - t0
-    return {"last_started_s": last_started, "last_finished_s": last_finished, "last_recorded_s": last_recorded,
+    return {"first_started_s": first_started, "last_started_s": last_started, "last_finished_s": last_finished, "last_recorded_s": last_recorded,
             "record_tail_s": last_recorded - last_finished}
 
 

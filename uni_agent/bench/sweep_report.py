@@ -11,6 +11,7 @@ TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.9, 256
 TARGET_CPU_MS_PER_TURN = 2.0
 TARGET_START_P50_MS = 100.0
 TARGET_FULL_COMPLETION_AT = 1024
+TARGET_PEER_RATIO = 2.0  # rollouts/min against mini-swe-agent's at TARGET_EFFICIENCY_AT (issue 27)
 
 
 COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
@@ -102,5 +103,13 @@ def target_lines(rows: list[dict[str, Any]], alone: dict[str, float]) -> list[st
                      + ", ".join(f"{r['workers']}w {r['ok']}/{r['rollouts']}" for r in big))
     else:
         lines.append(f"  [not run] {TARGET_FULL_COMPLETION_AT} concurrent rollouts: add it to --concurrency")
+    peer = [r for r in rows if r["system"] == "mini-swe-agent" and _ok(r) and r["concurrency"] == TARGET_EFFICIENCY_AT]
+    if peer and at:
+        ratio = max(r["rollouts_per_min"] for r in at) / peer[0]["rollouts_per_min"]
+        lines.append(f"  [{mark(ratio >= TARGET_PEER_RATIO)}] >= {TARGET_PEER_RATIO:g}x mini-swe-agent's rollouts/min at "
+                     f"{TARGET_EFFICIENCY_AT} concurrent: {ratio:.2f}x")
+    else:
+        lines.append(f"  [not run] >= {TARGET_PEER_RATIO:g}x mini-swe-agent's rollouts/min at {TARGET_EFFICIENCY_AT}: "
+                     f"add --peer-max-concurrency {TARGET_EFFICIENCY_AT}")
     return lines
 

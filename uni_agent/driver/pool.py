@@ -32,10 +32,12 @@ class ActorPool:
         self.client, self.engines, self.settings, self.log_dir = client, engines, settings, log_dir
         self.actors: dict[str, PooledActor] = {}  # the actors in use; a dropped one leaves
         self.futures: list[Any] = []  # an actor lives only while its future is referenced: kept for the whole run
+        self.actors_started: list[str] = []
 
     async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
         e = self.engines
-        name = f"agent-worker-{len(self.futures)}-{uuid.uuid4().hex[:8]}"
+        name = f"agent-worker-{len(self.actors_started)}-{uuid.uuid4().hex[:8]}"
+        self.actors_started.append(name)  # numbered as asked: several may be starting at once
         future = self.client.submit(
             AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
             str(self.log_dir), self.settings.log_level,
