@@ -70,3 +70,25 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     assert all(split[k] >= 0 for k in ROLES if k != "everything else")
     line = next(line for line in lines if "machine CPU per turn" in line)
     assert line.strip() == split_line(split, row["llm_calls"])
+
+
+def test_cpu_split_counts_a_workers_descendants_as_sandboxes():
+    """Real processes below a stand-in "worker" (this test process) burn known CPU: a child 0.4 s, and a child's
+    own child 0.3 s (reaped by that child, never by us). Both count for the sandboxes, once."""
+    import os
+    import subprocess
+    import sys
+
+    from uni_agent.bench.cpu_split import CpuSplit
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\n"
+    nested = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn.format(0.3)!r}])"
+    with CpuSplit(os.getpid(), [], [os.getpid()], [], interval=0.1) as split:
+        direct = subprocess.Popen([sys.executable, "-c", burn.format(0.4)])
+        parent = subprocess.Popen([sys.executable, "-c", nested])
+        direct.wait()
+        parent.wait()
+    seconds = split.seconds
+    assert 0.65 <= seconds["sandboxes"] <= 1.5, seconds  # 0.7 s burnt, plus three interpreters' start
+    assert seconds["sampler"] > 0 and set(seconds) == set(ROLES)
+    assert split.machine_s >= seconds["sandboxes"]

@@ -9,7 +9,9 @@ sandbox processes that no one we watch reaped).
 Short-lived processes (a command lives milliseconds) are never seen by a sampler; their CPU reaches their parent's
 "children" counters (cutime/cstime) when the parent reaps them. So a sandbox process counts its own and its reaped
 children's CPU, a worker's children counters count for the sandboxes, and a process seen alive and later reaped by
-a counted parent is taken off once, since its parent's counters now hold all of it. One pass over /proc a second
+a counted parent is taken off once, since its parent's counters now hold all of it. bwrap's inner processes outlive
+their parent: pid 1 reaps them, out of every worker's counters (what rusage-based figures missed); a process once
+seen below a worker stays a sandbox process, and what pid 1 reaped that was never seen alive is its own line. One pass over /proc a second
 costs a few ms of CPU; it is reported as its own role, not hidden in the driver.
 """
 
@@ -75,6 +77,7 @@ class CpuSplit:
         self._sandbox: dict[tuple[int, float], _Seen] = {}
         self._others: dict[tuple[int, float], tuple[str, float, float]] = {}  # key -> (label, base, last own CPU)
         self._gone = 0.0  # what vanished sandbox processes were seen holding, now in their parent's counters
+        self._orphans_seen = 0.0  # the same for sandbox processes that pid 1 reaped
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-cpu-split")
         self._sampler_cpu = 0.0
@@ -128,10 +131,12 @@ class CpuSplit:
         for pid, (ppid, own, children, started) in table.items():
             if pid in known:
                 continue
-            if not is_below(pid):
+            key = (pid, started)
+            # Once below a worker, always a sandbox process: bwrap's inner processes outlive their parent and
+            # are reparented to pid 1, which reaps them (and what they reaped) where no worker's counters see it.
+            if key not in self._sandbox and not is_below(pid):
                 self._other(pid, ppid, own, started, window_start)
                 continue
-            key = (pid, started)
             alive.add(key)
             seen = self._sandbox.get(key)
             if seen is None:
@@ -145,6 +150,8 @@ class CpuSplit:
             self._finished.append(seen.last - seen.base)
             if seen.parent in countable:
                 self._gone += seen.last  # its parent's children counters hold it now
+            elif seen.parent == 1:
+                self._orphans_seen += seen.last  # pid 1's children counters hold it now; counted here already
 
     def _other(self, pid: int, ppid: int, own: float, started: float, window_start: float) -> None:
         """A process outside every role: its own CPU, by name (what "everything else" is made of)."""
@@ -168,7 +175,7 @@ class CpuSplit:
         by: dict[str, float] = {}
         for label, base, last in self._others.values():
             by[label] = by.get(label, 0.0) + last - base
-        by["reaped by pid 1 (orphans)"] = self._init_children
+        by["reaped by pid 1, not seen alive"] = self._init_children - self._orphans_seen
         parts = sorted(((k, v) for k, v in by.items() if v > 0), key=lambda kv: -kv[1])[:top]
         return parts + [("irq+softirq (not counted above)", self._irq)]
 
