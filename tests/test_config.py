@@ -13,6 +13,7 @@ import yaml
 from pydantic import SecretStr, ValidationError
 
 from uni_agent.config import TOOL_NAMES, AgentConfigs, ConfigError, deep_merge
+from uni_agent.driver.inputs import AGENT_SETTINGS, load_inputs
 from uni_agent.settings import REPO_ROOT, RunSettings, load_settings
 
 EXAMPLE_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
@@ -289,6 +290,27 @@ def test_override_all_applies_to_every_agent(tmp_path: Path) -> None:
     overridden = agents.override_all({"interaction": {"max_turns": 9}})
     assert {n: a.interaction.max_turns for n, a in overridden.validated.items()} == {"a": 9, "b": 9}
     assert agents.validated["b"].interaction.max_turns == 4
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_SETTINGS))
+def test_a_run_setting_beats_the_row_which_beats_the_yaml(name: str, tmp_path: Path, rows) -> None:
+    """For every run setting that reaches an agent: YAML entry < row's tools_kwargs < the setting, when set."""
+    section, key = AGENT_SETTINGS[name]
+    yaml_value, row_value, run_value = 6, 4, 9
+
+    def value(setting: Any, row_sets: bool) -> Any:
+        row = copy.deepcopy(rows[0])
+        if row_sets:
+            row["extra_info"]["tools_kwargs"].setdefault(section, {})[key] = row_value
+        agents = AgentConfigs.load(write_agents(tmp_path, [{"name": row["agent_name"], section: {key: yaml_value}}]))
+        settings = RunSettings.model_construct(**{**RunSettings().model_dump(), name: setting, "max_samples": -1})
+        inputs = load_inputs([row], agents, settings, tmp_path, run_id="r", n=1, purpose="run")
+        return getattr(getattr(inputs.specs[0].agent, section), key)
+
+    assert value(None, row_sets=False) == yaml_value
+    assert value(None, row_sets=True) == row_value
+    assert value(run_value, row_sets=True) == run_value
+    assert value(run_value, row_sets=False) == run_value
 
 
 # -- RunSettings ---------------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Every model forbids unknown keys, so a typo is an error naming the file and the field instead of a silently ignored
 setting. A dataset row's `extra_info.tools_kwargs` is deep-merged over the agent's YAML entry (the row wins) and the
-merged dict is validated again, so a bad row is reported with its index.
+merged dict is validated again, so a bad row is reported with its index. A run setting that reaches every agent
+(`--max-turns`) is merged last, over the row: what the user asked for this run wins over the data
+(docs/configuration.md, "Precedence").
 
 One file (over 300 lines) on purpose: it is the reference for every key of the YAML, read top to bottom by users
 writing one; each class is small and the file holds nothing but the models and their loading.
@@ -360,12 +362,20 @@ def format_validation_error(exc: ValidationError, where: str) -> str:
 
 
 class AgentConfigs:
-    """The agents of one YAML file: raw dicts (for merging rows over them) and their validated form."""
+    """The agents of one YAML file: raw dicts (for merging rows over them) and their validated form. `overrides`
+    (run settings that reach every agent) are merged last: YAML entry < row's tools_kwargs < overrides."""
 
-    def __init__(self, raw: dict[str, dict[str, Any]], source: str):
+    def __init__(self, raw: dict[str, dict[str, Any]], source: str, overrides: dict[str, Any] | None = None):
         self.raw = raw
         self.source = source
-        self.validated = {name: validate_agent(entry, f"{source} (agent {name!r})") for name, entry in raw.items()}
+        self.overrides = overrides or {}
+        self.validated = {name: validate_agent(entry, f"{source} (agent {name!r})")
+                          for name, entry in self.entries.items()}
+
+    @property
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """Each agent as a row without tools_kwargs gets it: its YAML entry with the overrides merged in."""
+        return {name: deep_merge(entry, self.overrides) for name, entry in self.raw.items()}
 
     @classmethod
     def load(cls, path: str | Path) -> AgentConfigs:
@@ -393,18 +403,19 @@ class AgentConfigs:
         return list(self.raw)
 
     def for_row(self, agent_name: str, tools_kwargs: dict[str, Any] | None, where: str) -> AgentConfig:
-        """The agent's config with the row's tools_kwargs merged over it (the row wins)."""
+        """The agent's config with the row's tools_kwargs merged over it (the row wins), then the overrides."""
         if agent_name not in self.raw:
             raise ConfigError(f"{where}: unknown agent_name {agent_name!r}; {self.source} defines {self.names()}")
         if not tools_kwargs:
             return self.validated[agent_name]
         if "model" in tools_kwargs:
             raise ConfigError(f"{where}: tools_kwargs.model is reserved (the model comes from the run settings)")
-        return validate_agent(deep_merge(self.raw[agent_name], tools_kwargs), where)
+        return validate_agent(deep_merge(deep_merge(self.raw[agent_name], tools_kwargs), self.overrides), where)
 
     def override_all(self, overrides: dict[str, Any]) -> AgentConfigs:
-        """A copy with `overrides` merged into every agent (used by CLI flags such as --max-turns)."""
-        return AgentConfigs({n: deep_merge(e, overrides) for n, e in self.raw.items()}, self.source)
+        """A copy with `overrides` merged into every agent after each row's tools_kwargs (run settings such as
+        --max-turns: an explicit setting wins over the data)."""
+        return AgentConfigs(self.raw, self.source, deep_merge(self.overrides, overrides))
 
 
 def validate_agent(entry: dict[str, Any], where: str) -> AgentConfig:

@@ -14,6 +14,19 @@ from ..episode.rollout import RolloutSpec
 from ..settings import REPO_ROOT, RunSettings
 
 
+# The run settings that reach every agent, and where: merged over each row's tools_kwargs when set (the run wins).
+AGENT_SETTINGS = {"max_turns": ("interaction", "max_turns")}
+
+
+def agent_overrides(settings: RunSettings) -> dict[str, Any]:
+    """The agent config keys the run's settings set (those not None), nested as in the YAML."""
+    overrides: dict[str, Any] = {}
+    for name, (section, key) in AGENT_SETTINGS.items():
+        if getattr(settings, name) is not None:
+            overrides.setdefault(section, {})[key] = getattr(settings, name)
+    return overrides
+
+
 @dataclass
 class Inputs:
     agents: AgentConfigs
@@ -36,8 +49,7 @@ def load_inputs(data: str | Path | list[dict[str, Any]] | None, agent_config: st
     """`n` specs per row (the first `max_samples` rows); `purpose` ("run", "verify") words the error of no valid row."""
     agents = agent_config if isinstance(agent_config, AgentConfigs) else AgentConfigs.load(
         resolve_path(agent_config or settings.agent_config_path))
-    if settings.max_turns is not None:
-        agents = agents.override_all({"interaction": {"max_turns": settings.max_turns}})
+    agents = agents.override_all(agent_overrides(settings))
     rows, source = load_rows(data, settings, output_dir)
     if settings.max_samples >= 0:
         rows = rows[: settings.max_samples]

@@ -50,7 +50,7 @@ class RunManifest:
         configs = _write_configs(output_dir, specs, len(previous.get("sessions") or []))
         current = {
             "settings": {k: v for k, v in settings.model_dump(mode="json").items()},
-            "agents": {name: entry for name, entry in agents.raw.items()},
+            "agents": agents.entries,  # as loaded, with the run settings that reach every agent
             "rollout_configs": configs,
             "dataset": dataset_info(source, rows),
             "model": model_info(settings),
