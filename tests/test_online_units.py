@@ -169,3 +169,43 @@ def test_a_paused_replica_drains_holds_new_calls_and_marks_calls_that_overlapped
         await waiting
         assert versions.begin("u").version == 4 and versions.answered["u"] == 2
     asyncio.run(scenario())
+
+
+def test_sticky_sessions_wait_for_their_replica_and_carry_its_version_and_model_name() -> None:
+    """Two real HTTP replicas (ScriptedLLM) behind a worker's Router: a paused replica keeps its rollouts (their calls
+    wait, then go to it under its new served name and version), new rollouts go to the other one meanwhile, and a
+    call that outlived the drain is made again."""
+    from uni_agent.episode.worker import Router
+    from uni_agent.llm import ChatClient
+    from uni_agent.testing.scripted_llm import ScriptedLLM
+
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def policy(name: str):
+        def reply(body: dict) -> dict:
+            seen[name].append(body["model"])
+            return {"role": "assistant", "content": "ok"}
+        return reply
+
+    async def scenario(a: ScriptedLLM, b: ScriptedLLM) -> None:
+        clients = {url: ChatClient(url, "policy-v0", retry_unreachable=False) for url in (a.base_url, b.base_url)}
+        router = Router(clients)
+        session = router.session()
+        assert session.url == a.base_url
+        slow = asyncio.ensure_future(session.chat([{"role": "user", "content": "hi"}]))
+        await asyncio.sleep(0.1)  # in flight on a (which answers after 0.5 s)
+        assert await router.versions.pause(a.base_url, drain_timeout=0.05) == 1  # outlived the drain
+        newcomer = router.session()
+        assert newcomer.url == b.base_url  # not the replica that is switching
+        await asyncio.sleep(0.6)  # the first answer came back meanwhile: it overlapped the switch
+        assert not slow.done()  # ... so it waits to be made again, on a
+        clients[a.base_url].model = "policy-v2"
+        router.versions.resume(a.base_url, 2)
+        reply = await slow
+        assert seen["a"] == ["policy-v0", "policy-v2"] and session.url == a.base_url
+        assert reply.content == "ok" and router.versions.answered[a.base_url] == 2
+        for client in clients.values():
+            await client.aclose()
+
+    with ScriptedLLM(policy("a"), delay_s=0.5) as a, ScriptedLLM(policy("b")) as b:
+        asyncio.run(scenario(a, b))

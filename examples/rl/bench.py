@@ -8,10 +8,11 @@
    once waiting for each batch before training and updating (sync), once with the next batch already running while
    the trainer works and the update happens under it (async); rollouts per minute over the whole loop, both printed.
 3. the service against parallel_infer.py on the same batch (the same rows x n, temperature 0 so both sample the
-   same tokens): rollouts per minute over the rollouts' own span (first start to last finish, read from the rows),
-   which leaves out what only one of them pays (cluster and engine start); parallel_infer's end-to-end rate too.
-The stand-in trainer step (uni_agent.training.standin) writes a perturbed GGUF; a real trainer's step takes longer,
-which only widens the gap between sync and async.
+   same tokens), alternating `repeats` times: rollouts per minute over the rollouts' own span (first start to last
+   finish, read from the rows), which leaves out what only one of them pays (cluster and engine start);
+   parallel_infer's end-to-end rate too. Measured first, then 1, then 2.
+The stand-in trainer step (uni_agent.training.standin) writes a perturbed GGUF (about 2 s here); --train-s adds the
+seconds a real trainer's step would take, during which the async loop keeps generating.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -54,6 +56,7 @@ async def loop(service: RolloutService, rows: list, args: argparse.Namespace, ov
         version = first_version + step + 1
         path = weights / f"v{version}.gguf"
         perturb_gguf(base, path, seed=version)  # the stand-in training step
+        await asyncio.sleep(args.train_s)  # the rest of a trainer's step, when asked for
         report = await service.update_weights(version, str(path))
         pauses.append(round(report.max_pause_s, 2))
         if not overlap and step + 1 < args.steps:
@@ -65,32 +68,49 @@ async def loop(service: RolloutService, rows: list, args: argparse.Namespace, ov
 
 async def service_figures(rows: list, args: argparse.Namespace, out: Path) -> dict:
     figures: dict = {}
+    base = default_model_path()
     service = await RolloutService.start(output_dir=str(out / "service"), engine="llama_cpp", verify=False,
                                          max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=0.0)
     async with service:
         weights = out / "weights"
-        # 3. the same batch as parallel_infer (first: the weights are the base model's, as parallel_infer's)
-        batch = await service.submit(rows, n=args.n)
-        results = pd.DataFrame([r.row() for r in await batch.results()])
-        figures["service_batch"] = {"rollouts": len(results), "span_rollouts_per_min": round(rollout_span_rate(
-            results), 2), "completion_tokens": int(results["completion_tokens"].sum())}
+        # 3. the same batch as parallel_infer, alternating with it (the machine's load moves; pairs side by side).
+        # Before each service batch the engine restarts on the base model (a new version of the same weights): its
+        # prompt cache is as cold as parallel_infer's fresh server.
+        service_rates, infer_runs = [], []
+        for i in range(args.repeats):
+            await service.update_weights(service.version + 1, base)
+            batch = await service.submit(rows, n=args.n)
+            results = pd.DataFrame([r.row() for r in await batch.results()])
+            service_rates.append(round(rollout_span_rate(results), 2))
+            infer_runs.append(await asyncio.to_thread(parallel_infer, args, out / "tasks.parquet",
+                                                      out / f"parallel_infer-{i}"))
+        ratios = [a / b["span_rollouts_per_min"] for a, b in zip(service_rates, infer_runs, strict=True)]
+        figures["throughput"] = {
+            "service_span_rollouts_per_min": service_rates,
+            "parallel_infer_span_rollouts_per_min": [r["span_rollouts_per_min"] for r in infer_runs],
+            "parallel_infer_end_to_end_rollouts_per_min": [r["end_to_end_rollouts_per_min"] for r in infer_runs],
+            "completion_tokens": {"service": int(results["completion_tokens"].sum()),
+                                  "parallel_infer": infer_runs[-1]["completion_tokens"]},
+            "ratio_per_pair": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3)}
         # 1. update pause, idle and under load
-        perturb_gguf(default_model_path(), weights / "v1.gguf", seed=1)
-        idle = await service.update_weights(1, str(weights / "v1.gguf"))
+        v = service.version
+        perturb_gguf(base, weights / "p1.gguf", seed=101)
+        perturb_gguf(base, weights / "p2.gguf", seed=102)
+        idle = await service.update_weights(v + 1, str(weights / "p1.gguf"))
+        done = sum(e["calls_done"] for e in (await service.stats())["engines"].values())
         batch = await service.submit(rows, n=args.n)
-        while not any(e["calls"] for e in (await service.stats())["engines"].values()):
-            await asyncio.sleep(0.2)
-        perturb_gguf(default_model_path(), weights / "v2.gguf", seed=2)
-        loaded = await service.update_weights(2, str(weights / "v2.gguf"))
-        spanning = [r for r in await batch.results() if r.version_min == 1 and r.version_max == 2]
+        while sum(e["calls_done"] for e in (await service.stats())["engines"].values()) <= done:
+            await asyncio.sleep(0.2)  # the batch has its first answers: its rollouts are mid-way
+        loaded = await service.update_weights(v + 2, str(weights / "p2.gguf"))
+        spanning = [r for r in await batch.results() if r.version_min == v + 1 and r.version_max == v + 2]
         figures["update"] = {
             "idle": {"seconds": round(idle.seconds, 2), "pause_s": round(idle.max_pause_s, 2)},
             "under_load": {"seconds": round(loaded.seconds, 2), "pause_s": round(loaded.max_pause_s, 2),
                            "calls_cut_off": sum(r.drain_left for r in loaded.replicas),
-                           "rollouts_spanning_it": len(spanning)}}
+                           "rollouts_spanning_it": len(spanning), "rollouts": args.n * len(rows)}}
         # 2. sync vs async through step boundaries
-        figures["sync"] = await loop(service, rows, args, False, 2, weights)
-        figures["async"] = await loop(service, rows, args, True, 2 + args.steps, weights)
+        figures["sync"] = await loop(service, rows, args, False, service.version, weights)
+        figures["async"] = await loop(service, rows, args, True, service.version, weights)
     return figures
 
 
@@ -113,6 +133,9 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="service / parallel_infer pairs")
+    parser.add_argument("--train-s", type=float, default=0.0,
+                        help="seconds a training step takes besides writing the weights (a real trainer's step)")
     parser.add_argument("--out", default="outputs/rl-bench")
     args = parser.parse_args()
     out = Path(args.out).resolve()
@@ -120,10 +143,8 @@ def main() -> None:
     convert(None, out / "all.parquet")
     rows = read_rows(out / "all.parquet")[: args.max_samples]
     pd.DataFrame(rows).to_parquet(out / "tasks.parquet")
-    figures = asyncio.run(service_figures(rows, args, out))
-    figures["parallel_infer"] = parallel_infer(args, out / "tasks.parquet", out / "parallel_infer")
-    a, b = figures["service_batch"]["span_rollouts_per_min"], figures["parallel_infer"]["span_rollouts_per_min"]
-    figures["service_vs_parallel_infer"] = round(a / b, 3) if b else None
+    figures: dict = {"args": vars(args)}
+    figures.update(asyncio.run(service_figures(rows, args, out)))
     (out / "figures.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps(figures, indent=1))
 
