@@ -31,10 +31,10 @@ def _agent(mask_abnormal_exit_traj=False, **interaction):
     return validate_agent(deep_merge(example, overrides), "unit test agent")
 
 
-def _spec(agent, grade_in_sandbox=False):
+def _spec(agent, grade_in_agent_sandbox=False):
     return RolloutSpec(run_id="unit", instance_id="task", rollout=0, data_source="unit", row_index=0,
                        prompt=[{"role": "user", "content": "Fix the bug."}], agent=agent,
-                       grade_in_sandbox=grade_in_sandbox)
+                       grade_in_agent_sandbox=grade_in_agent_sandbox)
 
 
 def _run(policy, sandbox, agent=None, *, spec=None, **loop_args):
@@ -169,7 +169,7 @@ def test_grading_in_the_agent_sandbox_goes_through_the_hook_before_the_sandbox_c
 
     agent = _agent()
     result, events = _run(lambda body: tool_call_message("submit", {}), sandbox, agent,
-                          spec=_spec(agent, grade_in_sandbox=True), grade_in_sandbox=grade)
+                          spec=_spec(agent, grade_in_agent_sandbox=True), grade_in_sandbox=grade)
     assert seen == [(sandbox, False)] and sandbox.closed
     assert result.resolved and result.reward == 1.0 and result.failure_kind == "none"
     assert events[-1]["state"] == "verifying"
@@ -179,7 +179,7 @@ def test_grading_in_the_sandbox_without_a_hook_is_refused_before_anything_starts
     sandbox = FakeSandbox()
     agent = _agent()
     with pytest.raises(ValueError, match="no grade_in_sandbox"):
-        _run(lambda body: tool_call_message("submit", {}), sandbox, agent, spec=_spec(agent, grade_in_sandbox=True))
+        _run(lambda body: tool_call_message("submit", {}), sandbox, agent, spec=_spec(agent, grade_in_agent_sandbox=True))
     assert not sandbox.started
 
 

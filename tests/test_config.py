@@ -65,7 +65,7 @@ def test_shipped_local_config_loads_with_its_values() -> None:
     assert agent.interaction.timeout_budget == 3
     assert agent.interaction.episode_timeout == 600
     assert agent.interaction.tools_in == "prompt"
-    assert agent.interaction.tool_parser == "hermes"
+    assert agent.interaction.tool_call_parser == "hermes"
     deployment = agent.env.deployment
     assert deployment.type == "local"
     assert deployment.repo is None
@@ -313,6 +313,19 @@ def test_a_run_setting_beats_the_row_which_beats_the_yaml(name: str, tmp_path: P
     assert value(run_value, row_sets=False) == run_value
 
 
+def test_an_old_key_name_still_works_with_a_warning_naming_where_it_was_written(tmp_path: Path, rows) -> None:
+    path = write_agents(tmp_path, [{"name": "a", "interaction": {"tool_parser": "qwen3_coder"}}])
+    with pytest.warns(FutureWarning, match=r"agents.yaml \(agent 'a'\): interaction: tool_parser is the old name of "
+                                           r"tool_call_parser: use tool_call_parser"):
+        agents = AgentConfigs.load(path)
+    assert agents.validated["a"].interaction.tool_call_parser == "qwen3_coder"
+    with pytest.warns(FutureWarning, match=r"^row 3: tools_kwargs: interaction: tool_parser is the old name"):
+        row = agents.for_row("a", {"interaction": {"tool_parser": "hermes"}}, "row 3")
+    assert row.interaction.tool_call_parser == "hermes"
+    with pytest.raises(ConfigError, match="tool_parser is the old name of tool_call_parser; give only"):
+        agents.for_row("a", {"interaction": {"tool_parser": "hermes", "tool_call_parser": "hermes"}}, "row 4")
+
+
 # -- RunSettings ---------------------------------------------------------------------------------------------------
 
 
@@ -424,10 +437,12 @@ def test_constrained_tool_calls_need_a_format_a_json_schema_can_constrain(tmp_pa
     from uni_agent.tools.toolbox import tool_schemas
 
     path = tmp_path / "agents.yaml"
-    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_parser: qwen3_coder, constrain_tool_calls: true}\n")
+    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_call_parser: qwen3_coder, "
+                    "constrain_tool_calls: true}\n")
     with pytest.raises(ConfigError, match="qwen3_coder.*cannot be constrained"):
         AgentConfigs.load(path)
-    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_parser: hermes, constrain_tool_calls: true}\n")
+    path.write_text("- name: a\n  interaction: {tools_in: prompt, tool_call_parser: hermes, "
+                    "constrain_tool_calls: true}\n")
     assert AgentConfigs.load(path).validated["a"].interaction.constrain_tool_calls
     schemas = tool_schemas(["execute_bash", "submit"])
     assert decoding_schema(schemas, "hermes") == tool_call_json_schema(schemas)

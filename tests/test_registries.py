@@ -125,7 +125,7 @@ def test_a_registered_format_is_used_for_parsing_and_prompt_text(line_format):
     assert "## execute_bash" in prompt and "CALL TOOL_NAME {JSON arguments}" in prompt
     assert prompt.endswith('Example:\nCALL execute_bash {"command": "ls -la"}')
 
-    assert validate_agent(agent(tool_parser="line"), "test").interaction.tool_parser == "line"
+    assert validate_agent(agent(tool_call_parser="line"), "test").interaction.tool_call_parser == "line"
 
 
 def test_an_unregistered_format_is_gone_again():
@@ -137,10 +137,10 @@ def test_an_unregistered_format_is_gone_again():
 
 def test_unknown_format_in_config_names_it_and_lists_the_known(tmp_path):
     path = tmp_path / "agents.yaml"
-    path.write_text(yaml.safe_dump([agent(tool_parser="xml")]))
+    path.write_text(yaml.safe_dump([agent(tool_call_parser="xml")]))
     with pytest.raises(ConfigError) as err:
         AgentConfigs.load(path)
-    assert "interaction.tool_parser" in str(err.value)
+    assert "interaction.tool_call_parser" in str(err.value)
     assert "unknown tool-call text format 'xml'; known tool-call text formats: qwen3_coder, hermes" in str(err.value)
 
 

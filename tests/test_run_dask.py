@@ -155,7 +155,7 @@ def test_text_tool_calls_are_parsed(rows, tmp_path, dask_client):
                     '{"command": "echo $SEEN $PWD"}}</tool_call>'}
         return {"role": "assistant", "content": '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'}
 
-    agents = AgentConfigs.load(AGENT_CONFIG)  # tools_in: prompt, tool_parser: hermes
+    agents = AgentConfigs.load(AGENT_CONFIG)  # tools_in: prompt, tool_call_parser: hermes
     with ScriptedLLM(text_policy) as server:
         out = _run(rows[:1], tmp_path, dask_client, server, agents=agents)
     assert out.results.exit_reason.tolist() == ["submitted"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +37,33 @@ class ConfigError(ValueError):
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# Old spellings of agent config keys, by section: still read, with a FutureWarning naming where they were written.
+RENAMED = {"interaction": {"tool_parser": "tool_call_parser"}}
+
+
+def current_names(data: Any, section: str, where: str) -> Any:
+    """`data` (a section's mapping) with its old key names replaced by the current ones, each with a warning."""
+    renamed = RENAMED.get(section, {})
+    if not isinstance(data, dict) or not renamed.keys() & data.keys():
+        return data
+    data = dict(data)
+    for old, new in renamed.items():
+        if old in data:
+            if new in data:
+                raise ConfigError(f"{where}: {old} is the old name of {new}; give only {new}")
+            data[new] = data.pop(old)
+            warnings.warn(f"{where}: {old} is the old name of {new}: use {new}", FutureWarning, stacklevel=2)
+    return data
+
+
+def with_current_names(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    """An agent entry (or a row's tools_kwargs) with every section's old key names replaced (see RENAMED)."""
+    if not isinstance(entry, dict):
+        return entry
+    return {key: current_names(value, key, f"{where}: {key}") if key in RENAMED else value
+            for key, value in entry.items()}
 
 
 class DeploymentBase(StrictModel):
@@ -230,9 +258,10 @@ class InteractionConfig(StrictModel):
     episode_timeout: float | None = None
     """Wall-clock seconds for the whole episode; when exceeded the rollout ends with `wall_clock`."""
     max_observation_chars: int = 16000
-    tool_parser: str = "hermes"
+    tool_call_parser: str = "hermes"
     """Format used to read tool calls written as text (structured `tool_calls` are always accepted): a name in
-    uni_agent.tool_calls.registry (qwen3_coder, hermes)."""
+    uni_agent.tool_calls.registry (qwen3_coder, hermes), the values of vLLM's `--tool-call-parser` (the run setting
+    tool_call_parser tells a vLLM server the same). `tool_parser`, its old name, still works with a warning."""
     tools_in: Literal["api", "prompt"] = "api"
     """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
     template ignores tools)."""
@@ -240,7 +269,12 @@ class InteractionConfig(StrictModel):
     """With tools_in=prompt: ask the server to constrain every reply to one valid JSON tool call
     (`response_format` with a JSON schema, as llama.cpp's server supports). Small models need it."""
 
-    @field_validator("tool_parser")
+    @model_validator(mode="before")
+    @classmethod
+    def _current_names(cls, data: Any) -> Any:
+        return current_names(data, "interaction", "interaction")
+
+    @field_validator("tool_call_parser")
     @classmethod
     def _known_format(cls, name: str) -> str:
         return TEXT_FORMATS.check(name)
@@ -249,9 +283,9 @@ class InteractionConfig(StrictModel):
     def _constraint_needs_prompt_tools(self) -> InteractionConfig:
         if self.constrain_tool_calls and self.tools_in != "prompt":
             raise ValueError("constrain_tool_calls needs tools_in: prompt (with tools_in: api the server parses calls)")
-        if self.constrain_tool_calls and TEXT_FORMATS.get(self.tool_parser).decoding_schema([]) is None:
-            raise ValueError(f"constrain_tool_calls needs a tool_parser whose calls are JSON (hermes); "
-                             f"{self.tool_parser!r} calls cannot be constrained by a JSON schema")
+        if self.constrain_tool_calls and TEXT_FORMATS.get(self.tool_call_parser).decoding_schema([]) is None:
+            raise ValueError(f"constrain_tool_calls needs a tool_call_parser whose calls are JSON (hermes); "
+                             f"{self.tool_call_parser!r} calls cannot be constrained by a JSON schema")
         return self
 
 
@@ -366,7 +400,7 @@ class AgentConfigs:
     (run settings that reach every agent) are merged last: YAML entry < row's tools_kwargs < overrides."""
 
     def __init__(self, raw: dict[str, dict[str, Any]], source: str, overrides: dict[str, Any] | None = None):
-        self.raw = raw
+        self.raw = {name: with_current_names(entry, f"{source} (agent {name!r})") for name, entry in raw.items()}
         self.source = source
         self.overrides = overrides or {}
         self.validated = {name: validate_agent(entry, f"{source} (agent {name!r})")
@@ -410,7 +444,8 @@ class AgentConfigs:
             return self.validated[agent_name]
         if "model" in tools_kwargs:
             raise ConfigError(f"{where}: tools_kwargs.model is reserved (the model comes from the run settings)")
-        return validate_agent(deep_merge(deep_merge(self.raw[agent_name], tools_kwargs), self.overrides), where)
+        row = with_current_names(tools_kwargs, f"{where}: tools_kwargs")
+        return validate_agent(deep_merge(deep_merge(self.raw[agent_name], row), self.overrides), where)
 
     def override_all(self, overrides: dict[str, Any]) -> AgentConfigs:
         """A copy with `overrides` merged into every agent after each row's tools_kwargs (run settings such as

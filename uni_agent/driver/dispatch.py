@@ -96,7 +96,7 @@ class Dispatcher:
         async with limit:
             self.progress.started()
             if self.settings.verify and spec.agent.reward.in_agent_sandbox:
-                spec = dataclasses.replace(spec, grade_in_sandbox=True)
+                spec = dataclasses.replace(spec, grade_in_agent_sandbox=True)
             try:
                 result = await self._rollout(spec)
                 while self.review is not None and self.review(spec, result):
@@ -106,7 +106,7 @@ class Dispatcher:
                 self.not_run.append(spec)
                 self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
                 return None
-            if self.settings.verify and not spec.grade_in_sandbox:
+            if self.settings.verify and not spec.grade_in_agent_sandbox:
                 self.events.state(spec, "verifying", worker=result.worker)
                 await self._verify(spec, result)
         self.store.add(result)

@@ -85,7 +85,7 @@ class UniAgentLoop:
 
     async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
         agent = self.agent
-        if spec.grade_in_sandbox and self.grade_in_sandbox is None:
+        if spec.grade_in_agent_sandbox and self.grade_in_sandbox is None:
             raise ValueError(f"{spec.instance_id}: the reward is graded in the agent's sandbox, "
                              "but the agent loop was given no grade_in_sandbox")
         result = RolloutResult(
@@ -122,7 +122,7 @@ class UniAgentLoop:
             infra(result, "sandbox", result.error)
         finally:
             if sandbox is not None:
-                await self._collect_patch_and_close(sandbox, result, spec.grade_in_sandbox)
+                await self._collect_patch_and_close(sandbox, result, spec.grade_in_agent_sandbox)
         result.messages = redact(conversation.to_json())
         if result.error is not None:  # an endpoint's error body may echo the request's credentials
             result.error = redact(result.error)
@@ -181,12 +181,13 @@ class UniAgentLoop:
         decoding constraint that keeps every reply one valid tool call (constrain_tool_calls)."""
         interaction = self.agent.interaction
         if interaction.tools_in == "prompt":
-            conversation.add_instructions(tool_format_instructions(schemas, interaction.tool_parser))
+            conversation.add_instructions(tool_format_instructions(schemas, interaction.tool_call_parser))
         tools = schemas if interaction.tools_in == "api" else None
         response_format = None
         if interaction.constrain_tool_calls:
             # the chosen format's own schema: config only allows formats that have one
-            response_format = {"type": "json_object", "schema": decoding_schema(schemas, interaction.tool_parser)}
+            response_format = {"type": "json_object",
+                               "schema": decoding_schema(schemas, interaction.tool_call_parser)}
         return tools, response_format
 
     async def _query(self, conversation: Conversation, tools: list[dict] | None,
@@ -225,7 +226,7 @@ class UniAgentLoop:
         try:
             if reply.tool_calls:
                 return parse_structured(reply.tool_calls, schemas), True
-            parsed = parse_text(reply.content, schemas, self.agent.interaction.tool_parser)
+            parsed = parse_text(reply.content, schemas, self.agent.interaction.tool_call_parser)
         except ToolCallFormatError as exc:
             conversation.add_error(reply, f"Error in your tool call: {exc}")
             return None, bool(reply.tool_calls)

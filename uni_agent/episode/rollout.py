@@ -28,7 +28,7 @@ class RolloutSpec:
     row_index: int
     prompt: list[dict[str, Any]]
     agent: AgentConfig
-    grade_in_sandbox: bool = False  # the agent loop grades before closing its sandbox (reward.in_agent_sandbox)
+    grade_in_agent_sandbox: bool = False  # reward.in_agent_sandbox, verify on: the loop grades before it closes
 
     @property
     def key(self) -> tuple[str, int]:

@@ -58,7 +58,7 @@ class HarnessAgent:
 
     async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
         agent = self.agent
-        if spec.grade_in_sandbox and self.grade_in_sandbox is None:
+        if spec.grade_in_agent_sandbox and self.grade_in_sandbox is None:
             raise ValueError(f"{spec.instance_id}: the reward is graded in the agent's sandbox, "
                              "but the harness agent was given no grade_in_sandbox")
         result = RolloutResult(
@@ -71,7 +71,7 @@ class HarnessAgent:
         gateway = self.gateway or await worker_gateway()
         lease = Lease(self.model, _model_name(self.model), max_calls=self.harness.max_calls or
                       agent.interaction.max_turns, deadline=deadline, tools_in=agent.interaction.tools_in,
-                      tool_parser=agent.interaction.tool_parser,
+                      tool_parser=agent.interaction.tool_call_parser,
                       constrain_tool_calls=agent.interaction.constrain_tool_calls,
                       name=f"{spec.instance_id}-r{spec.rollout}")
         lease.on_call = lambda n: self._state(spec, worker, "running", turn=n, max_turns=lease.max_calls)
@@ -198,7 +198,7 @@ class HarnessAgent:
                 result.end(ExitReason.ERROR, f"could not collect the patch: {exc}")
                 infra(result, "sandbox", result.error)
         try:
-            if spec.grade_in_sandbox and self.grade_in_sandbox is not None:
+            if spec.grade_in_agent_sandbox and self.grade_in_sandbox is not None:
                 self._state(spec, result.worker, "verifying")
                 result.record(await self.grade_in_sandbox(sandbox, self.agent))
         finally:

@@ -1,6 +1,6 @@
-"""Tool-call text formats by name (InteractionConfig.tool_parser picks one), and the calls that go through the chosen
+"""Tool-call text formats by name (InteractionConfig.tool_call_parser picks one), and the calls that go through the chosen
 one. A new format is one module with an object that has TextFormat's methods, and one line in TEXT_FORMATS; from outside
-the package, `tool_parser: mypkg.formats:FORMAT` names it by import path (imported in the agent workers)."""
+the package, `tool_call_parser: mypkg.formats:FORMAT` names it by import path (imported in the agent workers)."""
 
 from __future__ import annotations
 
