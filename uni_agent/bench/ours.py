@@ -40,7 +40,7 @@ def bench_agents(concurrency: int, turns: int):
     agents = AgentConfigs.load(REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml")
     return agents.override_all({
         "concurrency": concurrency,
-        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_parser": "hermes",
+        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_call_parser": "hermes",
                         "max_turns": turns + 1, "episode_timeout": 3600, "action_timeout": 60},
     })
 

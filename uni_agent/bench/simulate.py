@@ -81,7 +81,7 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
     agent = [{
         # no _target_: each tree's own default loop (its module moved; --baseline runs older trees)
         "name": "sim", "concurrency": in_flight,
-        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_parser": "hermes",
+        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_call_parser": "hermes",
                         "max_turns": options.turns + 1, "episode_timeout": 3600, "action_timeout": 60},
         "env": {"deployment": {"type": "memory", "command_s": options.command_s, "startup_timeout": 60}},
         "tools": [{"name": "execute_bash"}, {"name": "submit"}],

@@ -1,9 +1,9 @@
 """Finished rows in the shapes trainers take, without importing a trainer (numpy only).
 
-A row's training sequence (uni_agent.trajectory) is one list of token ids with, position by position, a loss mask (1 on
-sampled tokens that may be trained on), the logprob the engine reported for each sampled token (0.0 elsewhere, NaN
-where the engine reported none) and, in rows written by the online service, the policy version that sampled each
-token (-1 on tokens nobody sampled: the prompt, tool output, chat-template glue).
+A row's training sequence (uni_agent.episode.trajectory) is one list of token ids with, position by position, a loss
+mask (1 on sampled tokens that may be trained on), the logprob the engine reported for each sampled token (0.0
+elsewhere, NaN where the engine reported none) and, in rows written by the online service, the policy version that
+sampled each token (-1 on tokens nobody sampled: the prompt, tool output, chat-template glue).
 
 The split a trainer wants is prompt | response, cut at the FIRST SAMPLED token: everything before it is the prompt the
 model was given, everything from it on is the response (the model's turns, and between them the observations, which
