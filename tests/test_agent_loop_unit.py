@@ -17,6 +17,7 @@ from uni_agent.grading import Verification
 from uni_agent.llm import ChatClient
 from uni_agent.episode.rollout import RolloutSpec
 from uni_agent.sandbox import SandboxStartError
+from uni_agent.sandbox.start import start_sandbox
 from uni_agent.testing.fake_sandbox import Answer, FakeSandbox, opener
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
@@ -46,7 +47,7 @@ def _run(policy, sandbox, agent=None, *, spec=None, **loop_args):
         with ScriptedLLM(policy) as server:
             client = ChatClient(server.base_url, "scripted", max_attempts=1)
             try:
-                loop = UniAgentLoop(agent, client, events.append, open_sandbox=opener(sandbox), **loop_args)
+                loop = UniAgentLoop(agent, client, events.append, **{"open_sandbox": opener(sandbox), **loop_args})
                 return await loop.run(spec or _spec(agent), worker="w1")
             finally:
                 await client.aclose()
@@ -141,6 +142,77 @@ def test_a_sandbox_that_does_not_open_ends_as_an_infra_error():
     result = asyncio.run(main())
     assert result.exit_reason == ExitReason.ERROR and result.num_turns == 0
     assert result.error == "SandboxStartError: injected: never comes up" and result.failure_cause.startswith("sandbox")
+
+
+def _started_by_start_sandbox(sandbox):
+    """An opener going through the real start_sandbox (its retries, and its closing of a half-started sandbox)."""
+    return lambda agent, name: start_sandbox(agent, name, make=lambda *args, **kwargs: sandbox)
+
+
+def test_the_first_model_call_is_made_while_the_sandbox_starts():
+    sandbox = FakeSandbox(lambda command: "hello", patch=PATCH, start_s=0.6)
+    started_at_call = []
+
+    def policy(body):
+        started_at_call.append(sandbox.started)
+        return bash("echo hello") if assistant_turns(body) == 0 else tool_call_message("submit", {})
+
+    result, events = _run(policy, sandbox)
+    assert started_at_call == [False, True]  # the first call did not wait for the start; the tool call did
+    assert result.exit_reason == ExitReason.SUBMITTED and result.num_turns == 2 and result.patch == PATCH
+    assert sandbox.commands[0] == "echo hello" and sandbox.closed
+    assert result.sandbox_start_s >= 0.6 and result.llm_s < 0.6  # each still times only its own part
+    assert [e["state"] for e in events] == ["starting_sandbox", "running", "running"]
+
+
+def test_a_failing_model_call_with_the_start_in_flight_leaves_no_sandbox():
+    sandbox = FakeSandbox(start_s=2.0)
+    agent = _agent()
+    result, _ = _run(lambda body: Fault(401, '{"error": {"message": "bad key"}}'), sandbox, agent,
+                     open_sandbox=_started_by_start_sandbox(sandbox))
+    assert result.failure_kind == "infra" and result.failure_cause.startswith("llm: LLMError")
+    assert not sandbox.started and sandbox.closed  # the start was cancelled and what it had begun closed
+    assert result.total_s < 1.5  # the rollout did not wait for the start
+
+
+def test_a_rollout_cancelled_while_its_sandbox_starts_closes_it():
+    sandbox = FakeSandbox(start_s=2.0)
+    agent = _agent()
+
+    async def main():
+        with ScriptedLLM(lambda body: bash("ls"), delay_s=0.1) as server:
+            client = ChatClient(server.base_url, "scripted", max_attempts=1)
+            loop = UniAgentLoop(agent, client, open_sandbox=_started_by_start_sandbox(sandbox))
+            rollout = asyncio.ensure_future(loop.run(_spec(agent)))
+            await asyncio.sleep(0.5)  # the first reply has come; the rollout waits for the start
+            rollout.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await rollout
+            await client.aclose()
+
+    asyncio.run(main())
+    assert not sandbox.started and sandbox.closed
+
+
+def test_a_start_failing_during_the_first_call_ends_at_once_as_a_sandbox_error():
+    async def broken(agent, name):
+        await asyncio.sleep(0.1)
+        raise SandboxStartError("injected: never comes up")
+
+    agent = _agent()
+
+    async def main():
+        with ScriptedLLM(lambda body: bash("ls"), delay_s=3.0) as server:
+            client = ChatClient(server.base_url, "scripted", max_attempts=1)
+            try:
+                return await UniAgentLoop(agent, client, open_sandbox=broken).run(_spec(agent))
+            finally:
+                await client.aclose()
+
+    result = asyncio.run(main())
+    assert result.error == "SandboxStartError: injected: never comes up" and result.failure_cause.startswith("sandbox")
+    assert result.failure_kind == "infra" and result.num_turns == 0
+    assert result.total_s < 2.0  # the model call (3 s) was cancelled, not waited for
 
 
 def test_malformed_calls_are_observations_and_no_call_gets_a_hint():

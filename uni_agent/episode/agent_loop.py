@@ -36,7 +36,7 @@ from ..tool_calls import (
     parse_text,
     tool_format_instructions,
 )
-from ..tools.toolbox import Toolbox
+from ..tools.toolbox import Toolbox, tool_schemas
 from .trajectory import TokenLog
 
 if TYPE_CHECKING:
@@ -94,22 +94,16 @@ class UniAgentLoop:
         )
         bound = log.bind(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout)
         conversation = Conversation(spec.prompt, agent.system_prompt)
-        sandbox: Sandbox | None = None
         started = time.monotonic()
         self._state = lambda state, **fields: self.emit(
             rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, worker=worker, **fields))
+        starting: asyncio.Task[Sandbox] | None = None
         try:
             self._state("starting_sandbox")
-            t0 = time.monotonic()
-            sandbox = await self.open_sandbox(agent, f"{spec.instance_id}-r{spec.rollout}")
-            result.sandbox_start_s = time.monotonic() - t0
-            bound.info("sandbox_started", seconds=round(result.sandbox_start_s, 3))
-            if agent.env.post_setup_cmd:
-                setup = await sandbox.exec(agent.env.post_setup_cmd, agent.env.deployment.runtime_timeout)
-                if setup.exit_code != 0:
-                    raise SandboxError(f"post_setup_cmd failed (exit {setup.exit_code}): {setup.output[-1000:]}")
-            toolbox = Toolbox([t.name for t in agent.tools], sandbox, agent.interaction)
-            result.end(await self._within_wall_clock(self._interact(conversation, toolbox, result, bound), started))
+            # The first model call needs only the prompt: the sandbox starts meanwhile, and is awaited before the
+            # first tool call (a wave's start burst then overlaps the first turn instead of adding to it).
+            starting = asyncio.ensure_future(self._start(f"{spec.instance_id}-r{spec.rollout}", result, bound))
+            result.end(await self._within_wall_clock(self._interact(conversation, starting, result, bound), started))
         except EpisodeEnd as end:
             result.end(end.exit_reason, str(end))
         except ContextLimitError as exc:
@@ -121,6 +115,7 @@ class UniAgentLoop:
             result.end(ExitReason.ERROR, f"{type(exc).__name__}: {exc}")
             infra(result, "sandbox", result.error)
         finally:
+            sandbox = await _started_or_stopped(starting)
             if sandbox is not None:
                 await self._collect_patch_and_close(sandbox, result, spec.grade_in_agent_sandbox)
         result.messages = redact(conversation.to_json())
@@ -134,6 +129,43 @@ class UniAgentLoop:
         result.finished_at = time.time()
         bound.info("rollout_finished", exit_reason=result.exit_reason, turns=result.num_turns, error=result.error)
         return result
+
+    async def _start(self, name: str, result: RolloutResult, bound: Any) -> Sandbox:
+        """The rollout's sandbox, started (with the opener's retries); sandbox_start_s is the start alone."""
+        t0 = time.monotonic()
+        sandbox = await self.open_sandbox(self.agent, name)
+        result.sandbox_start_s = time.monotonic() - t0
+        bound.info("sandbox_started", seconds=round(result.sandbox_start_s, 3))
+        return sandbox
+
+    async def _ready(self, starting: asyncio.Task[Sandbox]) -> Toolbox:
+        """The started sandbox, set up (post_setup_cmd), with the tools bound to it."""
+        sandbox = await starting
+        env = self.agent.env
+        if env.post_setup_cmd:
+            setup = await sandbox.exec(env.post_setup_cmd, env.deployment.runtime_timeout)
+            if setup.exit_code != 0:
+                raise SandboxError(f"post_setup_cmd failed (exit {setup.exit_code}): {setup.output[-1000:]}")
+        return Toolbox([t.name for t in self.agent.tools], sandbox, self.agent.interaction)
+
+    async def _first_turn(self, query: Awaitable[ChatReply], starting: asyncio.Task[Sandbox],
+                          result: RolloutResult) -> tuple[ChatReply, Toolbox]:
+        """The first reply, asked while the sandbox starts, and the tools once it has started and been set up. A start
+        that fails before the reply cancels the call: the episode ends with the start's error at once."""
+        asking = asyncio.ensure_future(query)
+        try:
+            await asyncio.wait({asking, starting}, return_when=asyncio.FIRST_COMPLETED)
+            if not asking.done() and starting.exception() is not None:
+                starting.result()  # raises the start's error
+            reply = await asking
+            return reply, await self._ready(starting)
+        except (SandboxError, OSError):
+            result.num_turns = 0  # as before the overlap: no turn is made without a sandbox
+            raise
+        finally:
+            if not asking.done():
+                asking.cancel()
+                await asyncio.wait({asking})
 
     async def _within_wall_clock(self, episode: Awaitable[ExitReason], started: float) -> ExitReason:
         """The episode's end, or WALL_CLOCK when it runs past the episode timeout (and never past the sandbox's
@@ -162,15 +194,21 @@ class UniAgentLoop:
         finally:
             await sandbox.close()
 
-    async def _interact(self, conversation: Conversation, toolbox: Toolbox, result: RolloutResult, bound: Any
-                        ) -> ExitReason:
+    async def _interact(self, conversation: Conversation, starting: asyncio.Task[Sandbox], result: RolloutResult,
+                        bound: Any) -> ExitReason:
         interaction = self.agent.interaction
-        tools, response_format = self._request_tools(conversation, toolbox.schemas)
+        schemas = tool_schemas([t.name for t in self.agent.tools])
+        tools, response_format = self._request_tools(conversation, schemas)
         self._timeouts_left = interaction.timeout_budget
+        toolbox: Toolbox | None = None
         for turn in range(1, interaction.max_turns + 1):
             result.num_turns = turn
             self._state("running", turn=turn, max_turns=interaction.max_turns)
-            reply = await self._query(conversation, tools, response_format, result, turn)
+            query = self._query(conversation, tools, response_format, result, turn)
+            if toolbox is None:
+                reply, toolbox = await self._first_turn(query, starting, result)
+            else:
+                reply = await query
             if await self._execute(reply, conversation, toolbox, result, bound, turn):
                 return ExitReason.SUBMITTED
         return ExitReason.MAX_TURNS
@@ -242,3 +280,16 @@ class UniAgentLoop:
             # the seed's meaning: a rollout that did not end with `submit` is not trained on
             result.masked, result.mask_reason = True, f"mask_abnormal_exit_traj: exit_reason {result.exit_reason}"
             result.loss_mask = [0] * len(result.loss_mask)
+
+
+async def _started_or_stopped(starting: asyncio.Task[Sandbox] | None) -> Sandbox | None:
+    """The started sandbox, or None: a start still in flight is cancelled (start_sandbox closes what it had begun),
+    and one that finished as it was cancelled is returned, to be closed like any other."""
+    if starting is None:
+        return None
+    if not starting.done():
+        starting.cancel()
+        await asyncio.wait({starting})
+    if starting.cancelled() or starting.exception() is not None:  # its error, if any, was recorded by run()
+        return None
+    return starting.result()

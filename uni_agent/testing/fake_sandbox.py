@@ -35,12 +35,15 @@ def _silent(command: str) -> Answer:
 class FakeSandbox:
     workdir = "/workspace"
 
-    def __init__(self, answer: Callable[[str], Answer | str] = _silent, *, patch: str = "", name: str = ""):
-        self.answer, self.patch, self.name = answer, patch, name
+    def __init__(self, answer: Callable[[str], Answer | str] = _silent, *, patch: str = "", name: str = "",
+                 start_s: float = 0.0):
+        self.answer, self.patch, self.name, self.start_s = answer, patch, name, start_s
         self.commands: list[str] = []  # every command run, the patch command included, in order
         self.started = self.closed = False
 
     async def start(self) -> None:
+        if self.start_s:  # a slow start (a wave's start burst), so that tests can act while it is in flight
+            await asyncio.sleep(self.start_s)
         self.started = True
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
