@@ -165,7 +165,7 @@ def test_engines_on_gpu_worker_agents_and_verification_on_sandbox_worker(cluster
 
 def test_dead_replica_rollouts_continue_on_the_other(cluster, rows, tmp_path, fake):
     (fake / "control.json").write_text(json.dumps({"turns": 3, "crash_devices": "0", "crash_after": 2}))
-    outcome = _run(cluster, rows[:3], tmp_path)
+    outcome = _run(cluster, rows[:3], tmp_path, engine_restart_on_crash=False)  # the replica stays down
     results = outcome.results
     assert (results.exit_reason == "submitted").all(), results[["exit_reason", "error"]].to_dict("records")
     assert (results.num_turns == 3).all()

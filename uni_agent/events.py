@@ -29,6 +29,12 @@ def rollout_event(run_id: str, instance_id: str, rollout: int, state: str, **fie
             "t": time.time(), **fields}
 
 
+def notice_event(run_id: str, level: str, message: str) -> dict[str, Any]:
+    """A run-level message for the page (an engine that crashed and came back, results that cannot be written):
+    not a rollout's state, shown as it is, newest first."""
+    return {"kind": "notice", "run_id": run_id, "level": level, "message": message, "t": time.time()}
+
+
 def batch_event(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Many events as one message: the driver queues a whole run at its start in a few round trips to the
     scheduler instead of one per rollout (20,000 sequential round trips held every rollout back for seconds)."""

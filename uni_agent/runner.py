@@ -31,18 +31,18 @@ from .driver.dispatch import AgentWorkersLost, Dispatcher
 from .driver.inputs import load_inputs
 from .driver.policy import DispatchPolicy
 from .driver.pool import ActorPool
-from .engines import start_engines
+from .engines import EngineFailed, start_engines
 from .llm import token_capture_for
 from .logs import configure_logging
 from .driver.manifest import RunManifest, engine_versions
 from .redact import register_secret
-from .driver.results import ResultStore
+from .driver.results import ResultsNotWritten, ResultStore
 from .episode.rollout import RolloutSpec
 from .settings import RunSettings, load_settings
 from .driver.summary import summarize
 from .episode.trajectory import capture_note
 
-__all__ = ["AgentWorkersLost", "RunOutcome", "run", "run_async"]
+__all__ = ["AgentWorkersLost", "EngineFailed", "ResultsNotWritten", "RunOutcome", "run", "run_async"]
 log = structlog.get_logger("uni_agent.runner")
 
 
@@ -108,8 +108,9 @@ async def run_async(
         if todo:
             async with cluster_client(settings, scheduler_address, security) as client:
                 await _run_rollouts(client, todo, settings, store, log_dir, manifest)
-    finally:  # whatever ended the run, what finished is on disk for the rerun
-        store.flush()
+    finally:  # whatever ended the run, what finished is on disk for the rerun (or in a spill it writes first)
+        store.finish()
+    store.check_written()  # ResultsNotWritten: results kept in a spill, or rollouts not started for a full disk
 
     wanted = {s.key for s in specs}
     results = store.read()
@@ -148,7 +149,9 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
         policy = DispatchPolicy(settings.agent_workers, settings.worker_wait_timeout)
         dispatcher = Dispatcher(client, pool, policy, store, settings, await verification_placement(client, workers))
         await dispatcher.start_actors(workers)
-        await dispatcher.run(todo)
+        # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
+        await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
+            dispatcher.run_id, level, message))
     finally:
         await pool.close()
         await engines.stop()

@@ -96,11 +96,14 @@ class RunSettings(BaseSettings):
     max_model_len: int | None = Field(None, ge=1)
     tool_call_parser: str = "hermes"
     vllm_extra_args: list[str] = Field(default_factory=list)
-    engine_restart_on_crash: bool = False
-    engine_max_restarts: int = Field(3, ge=0)
+    engine_restart_on_crash: bool = True
+    engine_max_restarts: int = Field(3, ge=0)  # per replica within engine_restart_window; then the replica is down
+    engine_restart_window: float = Field(3600, gt=0)
+    engine_down_wait: float = Field(600, gt=0)  # how long a model call waits for a down engine before it fails
 
     # Output
     flush_every: int = Field(16, ge=1)
+    write_retry_timeout: float = Field(600, gt=0)  # results that cannot be written: retried this long, then the run ends
     log_level: str = "INFO"
     progress: bool = True
     retry_errors: bool = False  # a resumed run re-runs the rollouts whose failure_kind is infra, replacing their rows

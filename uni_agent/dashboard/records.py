@@ -79,6 +79,7 @@ class RunState:
         self.active: dict[Key, Rollout] = {}  # starting_sandbox, running, verifying
         self.recent: deque[Key] = deque(maxlen=200)  # finished, newest last
         self.failures: deque[Key] = deque(maxlen=200)  # finished with an error, newest last
+        self.notices: deque[dict[str, Any]] = deque(maxlen=20)  # run-level messages (uni_agent.events.notice_event)
 
     def worker(self, address: str) -> WorkerLoad:
         load = self.workers.get(address)

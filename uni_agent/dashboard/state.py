@@ -54,6 +54,11 @@ class DashboardState:
 
     def _apply_one(self, msg: Any) -> bool:
         self.totals.events += 1
+        if isinstance(msg, dict) and msg.get("kind") == "notice" and isinstance(msg.get("run_id"), str):
+            run = self.runs.get(msg["run_id"]) or self._new_run(msg["run_id"])
+            run.notices.append({k: msg.get(k) for k in ("level", "message", "t")})
+            self.version += 1
+            return True
         parsed = _parse(msg)
         if parsed is None:
             self.totals.ignored += 1
@@ -225,6 +230,7 @@ class DashboardState:
             "active": [r.row() for r in active],
             "recent": rows(run.recent),
             "failures": rows(run.failures),
+            "notices": list(reversed(run.notices)),
         }
 
     def rollout_detail(self, run_id: str, instance_id: str, rollout: int) -> dict[str, Any] | None:

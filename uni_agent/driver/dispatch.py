@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from .pool import ActorPool
 from .progress import Progress, RolloutEvents
 
 log = structlog.get_logger("uni_agent.driver")
+WRITE_RETRY_S = 5.0  # while results cannot be written, how often the dispatcher tries again
 VERIFY_MARGIN_S = 120  # on top of the grader's own bounds: a verification future that never reports gives up then
 
 
@@ -47,6 +49,11 @@ class Dispatcher:
         self.progress = Progress(settings.progress)
         self.events = RolloutEvents(client)
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
+        self.not_started: list[RolloutSpec] = []  # rollouts not started because results could not be written
+        self._writes = asyncio.Lock()  # one retry loop for every rollout waiting to start
+        self._write_failure_said = False
+        self._gave_up = False  # writes failed for write_retry_timeout: no rollout starts any more
+        self.run_id = ""
         self.mailboxes = Mailboxes()  # rollouts go to actors in batches, not one actor call each
         self._replacing = asyncio.Lock()
         self._flush_timer: asyncio.TimerHandle | None = None  # many rollouts notice the same loss at once: replace once
@@ -66,6 +73,7 @@ class Dispatcher:
             raise failed
 
     async def run(self, todo: list[RolloutSpec]) -> None:
+        self.run_id = todo[0].run_id if todo else ""
         self.progress.start(len(todo))
         await self.events.queued(todo)
         try:
@@ -74,6 +82,7 @@ class Dispatcher:
             self.progress.close()
             await self.mailboxes.close()
             await self.events.close()
+        self.store.not_started = len(self.not_started)
         if self.not_run:
             raise AgentWorkersLost(
                 f"every agent worker was lost and no dask worker came back within {self.settings.worker_wait_timeout:g}"
@@ -89,11 +98,15 @@ class Dispatcher:
         self._flush_timer = None
         if self.store.flush_due():
             self.store.flush()
+            self._say_write_state()
 
     async def run_one(self, spec: RolloutSpec) -> RolloutResult | None:
         """One rollout: run (again while `review` asks), verified, recorded; None when no agent worker was left."""
         limit = self.limits.setdefault(spec.agent.name, asyncio.Semaphore(spec.agent.concurrency))
         async with limit:
+            if not await self._results_writable():
+                self.not_started.append(spec)
+                return None
             self.progress.started()
             if self.settings.verify and spec.agent.reward.in_agent_sandbox:
                 spec = dataclasses.replace(spec, grade_in_agent_sandbox=True)
@@ -111,11 +124,45 @@ class Dispatcher:
                 await self._verify(spec, result)
         self.store.add(result)
         self._flush_later()
+        self._say_write_state()
         self.events.finished(spec, result)
         self.progress.update(result)
         log.info("rollout_recorded", instance_id=spec.instance_id, rollout=spec.rollout, reward=result.reward,
                  exit_reason=result.exit_reason)
         return result
+
+    async def _results_writable(self) -> bool:
+        """While finished results cannot be written (a full disk) no rollout starts: its result could only wait in
+        memory too. The write is retried every WRITE_RETRY_S; True once it succeeds, False when it kept failing for
+        `write_retry_timeout` (then no rollout starts any more, and the run ends once those in flight finish)."""
+        async with self._writes:
+            while self.store.write_error is not None and not self._gave_up:
+                if time.monotonic() - (self.store.failing_since or 0) > self.settings.write_retry_timeout:
+                    self._gave_up = True
+                    self._say(f"results could not be written for {self.settings.write_retry_timeout:g} s: no more "
+                              f"rollouts start; the run ends once the {self.progress.running} in flight finish")
+                    break
+                await asyncio.sleep(WRITE_RETRY_S)
+                self.store.flush()
+                self._say_write_state()
+        return not self._gave_up
+
+    def _say_write_state(self) -> None:
+        """Say on stderr, in the log and on the dashboard page when results stop being written, and when they are
+        written again."""
+        failing, said = self.store.write_error is not None, self._write_failure_said
+        if failing and not said:
+            self._say(f"results cannot be written to {self.store.dir}: {self.store.write_error}; {self.store.waiting} "
+                      f"finished rollouts wait in memory, and no new rollout starts until a write succeeds (tried "
+                      f"again every {WRITE_RETRY_S:g} s, for up to {self.settings.write_retry_timeout:g} s)")
+        elif said and not failing:
+            self._say(f"results written again to {self.store.dir}", level="warning")
+        self._write_failure_said = failing
+
+    def _say(self, message: str, level: str = "error") -> None:
+        getattr(log, level)("results_write_state", message=message, waiting=self.store.waiting)
+        print(message, file=sys.stderr)
+        self.events.notice(self.run_id, level, message)
 
     async def _rollout(self, spec: RolloutSpec) -> RolloutResult:
         while True:

@@ -42,6 +42,7 @@ class ActorPool:
             AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
             str(self.log_dir), self.settings.log_level,
             token_capture=token_capture_for(self.settings.token_capture, self.settings.engine),
+            down_wait=self.settings.engine_down_wait,
             actor=True, workers=[worker], key=name,
         )
         waiter = asyncio.ensure_future(_awaited(future))

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 from distributed import Client
 
-from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, rollout_event
+from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, notice_event, rollout_event
 from ..episode.rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.driver")
@@ -82,7 +82,14 @@ class RolloutEvents:
         await self.flush()
 
     def state(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
-        self.outbox.append(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, **fields))
+        self._post(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, **fields))
+
+    def notice(self, run_id: str, level: str, message: str) -> None:
+        """A run-level message for the page (an engine restart, results that cannot be written)."""
+        self._post(notice_event(run_id, level, message))
+
+    def _post(self, event: dict[str, Any]) -> None:
+        self.outbox.append(event)
         if self._sender is None:
             self._sender = asyncio.ensure_future(self._send_loop())
         self._wake.set()

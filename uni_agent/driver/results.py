@@ -12,16 +12,20 @@ import dataclasses
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import structlog
 
 from ..episode.exit_reason import OLD_EXIT_REASONS, migrate_exit_reason
 from ..episode.rollout import TOKEN_COLUMNS, RolloutResult
+from .spill import adopt, spill, spilled_files, write_part
+
+log = structlog.get_logger("uni_agent.driver.results")
+RETRY_S = 5.0  # a failed write is tried again after this long (sooner when the dispatcher asks)
 
 _ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
                 "str | None": pa.string()}
@@ -38,10 +42,30 @@ RESULT_SCHEMA = pa.schema([pa.field(f.name, _arrow_type(f)) for f in dataclasses
 KEY = ["instance_id", "rollout"]
 
 
+class ResultsNotWritten(RuntimeError):
+    """Finished results could not be written to the output dir before the run ended: the message says how many, where
+    they are kept (a spill the next run in the same output dir writes first) and how many rollouts did not start."""
+
+
 class ResultStore:
+    """The run's results: finished rows wait in memory until a flush writes them as a part file. A write that fails
+    (OSError: a full disk, a quota) keeps them waiting and is retried; `write_error` says why while it fails.
+    `finish` writes what waits at the end of a run or spills it (uni_agent.driver.spill); rows spilled by an earlier
+    run count as done and move into results/ at the first write that succeeds."""
+
     def __init__(self, output_dir: str | Path, flush_every: int = 16, flush_s: float = 1.0):
-        self.dir = Path(output_dir) / "results"
+        self.output_dir = Path(output_dir)
+        self.dir = self.output_dir / "results"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.write_error: str | None = None  # the last write's error while writes fail
+        self.failing_since: float | None = None
+        self.failed_writes = 0
+        self.not_started = 0  # rollouts the dispatcher did not start because writes kept failing
+        self.spilled: tuple[int, Path] | None = None  # rows spilled by finish(), and where
+        self.lost = 0  # rows that could be written neither here nor to a spill
+        self._retry_at = 0.0
+        if spilled_files(self.output_dir) and (moved := adopt(self.output_dir, self.dir, RESULT_SCHEMA)):
+            log.warning("spilled_results_written", rows=moved, results=str(self.dir))
         # A part file holds at least flush_every rows, and a burst of results (a wave finishing together) makes at
         # most one a flush_s: 20,000 results written 16 at a time cost seconds of the driver's loop after the work.
         self.flush_every, self.flush_s = flush_every, flush_s
@@ -67,26 +91,81 @@ class ResultStore:
         if result.key in self.retrying:
             result.attempts = json.dumps(self.retrying[result.key], ensure_ascii=False, default=str)
         self._buffer.append(result.row())
-        if self.flush_due() and time.monotonic() - self._flushed_at >= self.flush_s:
+        now = time.monotonic()
+        if self.flush_due() and now - self._flushed_at >= self.flush_s and now >= self._retry_at:
             self.flush()
+
+    @property
+    def waiting(self) -> int:
+        """Finished rows not written yet."""
+        return len(self._buffer)
 
     def flush_due(self) -> bool:
         """flush_every rows wait (held back when the last part file is younger than flush_s: the caller flushes
         them a flush_s later)."""
         return len(self._buffer) >= self.flush_every
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Write the waiting rows as one part file; True when none waits any more. A failed write (OSError) keeps
+        them waiting and is logged (`write_error`); the caller retries."""
         if not self._buffer:
-            return
-        table = pa.Table.from_pylist(self._buffer, schema=RESULT_SCHEMA)
-        name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.parquet"
-        tmp = self.dir / f".{name}.tmp"  # hidden from readers until renamed
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, self.dir / name)
+            return True
+        try:
+            write_part(self.dir, pa.Table.from_pylist(self._buffer, schema=RESULT_SCHEMA))
+        except OSError as exc:
+            self.failed_writes += 1
+            self.write_error = f"{type(exc).__name__}: {exc}"
+            self.failing_since = self.failing_since or time.monotonic()
+            self._retry_at = time.monotonic() + RETRY_S
+            log.error("results_write_failed", error=self.write_error, waiting=len(self._buffer),
+                      failed_writes=self.failed_writes, results=str(self.dir))
+            return False
         retried = {(r["instance_id"], r["rollout"]) for r in self._buffer} & set(self.retrying)
+        if self.write_error is not None:
+            log.warning("results_written_again", rows=len(self._buffer), failed_writes=self.failed_writes)
+            self.write_error = self.failing_since = None
         self._buffer.clear()
         self._flushed_at = time.monotonic()
-        self.supersede(retried)  # the new rows are on disk: now the old ones go
+        if spilled_files(self.output_dir):  # an earlier run's spill (or a write that failed there): now it fits
+            adopt(self.output_dir, self.dir, RESULT_SCHEMA)
+        try:
+            self.supersede(retried)  # the new rows are on disk: now the old ones go
+        except OSError as exc:  # the old rows stay a while; `read` keeps the newer row of a key
+            log.warning("supersede_failed", error=f"{type(exc).__name__}: {exc}")
+        return True
+
+    def finish(self) -> None:
+        """At the end of a run, however it ended: write what waits, else spill it for the next run in this output
+        dir (`check_written` then says so)."""
+        if self.flush():
+            return
+        rows = len(self._buffer)
+        try:
+            path = spill(self.output_dir, pa.Table.from_pylist(self._buffer, schema=RESULT_SCHEMA))
+        except OSError as exc:
+            self.lost = rows
+            log.error("results_lost", rows=rows, error=f"{type(exc).__name__}: {exc}", write_error=self.write_error)
+            return
+        self._buffer.clear()
+        self.spilled = (rows, path.parent)
+        log.error("results_spilled", rows=rows, spill=str(path.parent), write_error=self.write_error)
+
+    def check_written(self) -> None:
+        """ResultsNotWritten when this run ended without writing all it finished, or without starting rollouts
+        because its writes kept failing."""
+        if not (self.spilled or self.lost or self.not_started):
+            return
+        said = []
+        if self.spilled:
+            said.append(f"{self.spilled[0]} finished rollouts could not be written to {self.dir} ({self.write_error});"
+                        f" they are kept in {self.spilled[1]}, and the next run with this output dir writes them "
+                        "there first")
+        if self.lost:
+            said.append(f"{self.lost} finished rollouts could be written neither to {self.dir} ({self.write_error}) "
+                        "nor to a spill, and are lost")
+        if self.not_started:
+            said.append(f"{self.not_started} rollouts did not start while results could not be written")
+        raise ResultsNotWritten("; ".join(said) + ". Free space and rerun with the same output dir.")
 
     def read(self, columns: list[str] | None = None) -> pd.DataFrame:
         """Every rollout's row, one per key (the newest attempt). Part files written before a column existed read
@@ -108,7 +187,7 @@ class ResultStore:
         """Remove the older rows of `keys` (rollouts run again and written anew, their row carrying one attempt
         more): each part file holding one is rewritten without it (temp file, then rename). Returns rows removed."""
         places: dict[tuple[str, int], list[tuple[int, Path, int]]] = {}
-        for path in self._files() if keys else []:
+        for path in sorted(self.dir.glob("part-*.parquet")) if keys else []:
             table = pq.read_table(path, columns=[*KEY, "attempts"], schema=RESULT_SCHEMA)
             for i, (instance, rollout, attempts) in enumerate(zip(*(table[c].to_pylist() for c in table.column_names),
                                                                    strict=True)):
@@ -130,7 +209,8 @@ class ResultStore:
         return sum(map(len, drop.values()))
 
     def _files(self) -> list[Path]:
-        return sorted(self.dir.glob("part-*.parquet"))
+        """The part files of results/, and those an earlier run had to spill (uni_agent.driver.spill)."""
+        return sorted(self.dir.glob("part-*.parquet")) + spilled_files(self.output_dir)
 
 
 def migrate_rows(frame: pd.DataFrame) -> pd.DataFrame:

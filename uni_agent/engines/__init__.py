@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .registry import ENGINES
+from .watch import EngineFailed, Notify, guard
+
+__all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "start_engines"]
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # settings imports registry.py, which runs this __init__ first: no run-time import back
     from ..settings import RunSettings
@@ -22,6 +26,10 @@ class Engines:
     actors: list[Any] = field(default_factory=list)  # server actors to stop at the end (none for external)
     futures: list[Any] = field(default_factory=list)  # an actor lives only while its future is referenced
     cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # after the actors (GPU leases)
+
+    async def guard(self, work: Awaitable[T], notify: Notify | None = None) -> T:
+        """`work`'s result, or EngineFailed (and `work` cancelled) once every server is down for good (watch.py)."""
+        return await guard(self.actors, work, notify)
 
     async def stop(self) -> None:
         """Stops every server (a failure to stop one does not leave the others running), then the cleanups."""

@@ -84,15 +84,20 @@ def server_command(binary: str, model_path: str, model_name: str, *, host: str, 
 
 
 class LlamaServer(ServerActor):
-    """One `llama-server` on this worker; `variant` is the build (cpu or cuda)."""
+    """One `llama-server` on this worker; `variant` is the build (cpu or cuda). It restarts on a crash and on request
+    (`restart(new_model_path=...)`, a new GGUF) on its port: uni_agent.engines.server."""
+
+    BUSY_METRIC = "llamacpp:requests_processing"
 
     def __init__(self, model_path: str, model_name: str, *, variant: str, slots: int, context_length: int,
-                 threads: int, log_path: str, cuda_visible_devices: str | None = None):
+                 threads: int, log_path: str, cuda_visible_devices: str | None = None, restart_on_crash: bool = True,
+                 max_restarts: int = 3, restart_window: float = 3600.0):
         devices = f", GPUs {cuda_visible_devices}" if cuda_visible_devices is not None else ""
         env = {"OMP_WAIT_POLICY": "PASSIVE"}  # see SERVER_ENV_WHY
         if cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-        super().__init__(f"llama-server ({model_name}, {variant}{devices})", log_path, env=env)
+        super().__init__(f"llama-server ({model_name}, {variant}{devices})", log_path, env=env,
+                         restart_on_crash=restart_on_crash, max_restarts=max_restarts, restart_window=restart_window)
         self.model_path, self.model_name, self.variant = model_path, model_name, variant
         self.slots, self.context_length, self.threads = slots, context_length, threads
         self.cuda_visible_devices = cuda_visible_devices
@@ -105,6 +110,10 @@ class LlamaServer(ServerActor):
                 f"no {self.variant} llama-server on this worker ({binary_path(self.variant)} is missing): build it "
                 f"there once with `python -m uni_agent.engines.llama_build {flag}` (examples/setup.sh does it)")
         return str(binary)
+
+    def swap_model(self, path: str) -> str:
+        previous, self.model_path = self.model_path, check_gguf(path)  # the path this worker sees
+        return previous
 
     async def start(self, timeout: float) -> str:
         check_gguf(self.model_path)  # the path this worker sees
@@ -182,7 +191,9 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
         for index, worker, devices in placed:
             future = client.submit(
                 LlamaServer, model_path, name, variant=variant, slots=slots, context_length=settings.context_length,
-                threads=threads, log_path=log_path(index), cuda_visible_devices=devices, actor=True,
+                threads=threads, log_path=log_path(index), cuda_visible_devices=devices,
+                restart_on_crash=settings.engine_restart_on_crash, max_restarts=settings.engine_max_restarts,
+                restart_window=settings.engine_restart_window, actor=True,
                 workers=[worker], allow_other_workers=False, key=f"llama-server-{index}-{uuid.uuid4().hex[:8]}")
             engines.futures.append(future)
             engines.actors.append(await future)

@@ -4,17 +4,15 @@ Placement (uni_agent.engines.placement) decides each replica's worker and device
 and the server sees exactly those devices through CUDA_VISIBLE_DEVICES. vLLM is an optional extra (`pip install
 'uni-agent[vllm]'` on the GPU nodes); `vllm_executable` may name another launcher, e.g. a container.
 
-A server that exits after it was ready is a crash: it is logged with the tail of its log and, when
-`engine_restart_on_crash` is on, started again on the same port (so the URL the agents hold stays valid) up to
-`engine_max_restarts` times. While a replica is down the agent workers move its rollouts to the other replicas.
+A server that exits after it was ready is a crash: it is logged with the tail of its log and started again on the
+same port (uni_agent.engines.server), so the URL the agents hold stays valid. While a replica is down the agent
+workers move its rollouts to the other replicas, or wait for it when it is the only one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import shlex
 import uuid
 from pathlib import Path
@@ -26,7 +24,7 @@ from ..current_worker import worker_address
 from .placement import place_replicas, release_replicas
 from ..settings import RunSettings
 from . import Engines
-from .server import ServerActor, _die_with_parent, free_port, worker_host
+from .server import ServerActor
 
 log = structlog.get_logger("uni_agent.engines.vllm")
 
@@ -50,84 +48,27 @@ def vllm_command(executable: str, model: str, served_name: str, *, tp: int, gpu_
 
 
 class VllmServer(ServerActor):
+    BUSY_METRIC = "vllm:num_requests_running"
+    PREFLIGHT = False  # a second copy of the model does not fit beside the first on the replica's GPUs
+
     def __init__(self, command_args: dict[str, Any], cuda_visible_devices: str, log_path: str,
-                 restart_on_crash: bool = False, max_restarts: int = 3):
+                 restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0):
         super().__init__(f"vLLM server ({command_args['served_name']}, GPUs {cuda_visible_devices})", log_path,
-                         env={"CUDA_VISIBLE_DEVICES": cuda_visible_devices})
-        self.command_args = command_args
+                         env={"CUDA_VISIBLE_DEVICES": cuda_visible_devices}, restart_on_crash=restart_on_crash,
+                         max_restarts=max_restarts, restart_window=restart_window)
+        self.command_args = dict(command_args)
         self.cuda_visible_devices = cuda_visible_devices
-        self.restart_on_crash, self.max_restarts = restart_on_crash, max_restarts
-        self.restarts = 0
-        self.crashes: list[dict[str, Any]] = []
-        self._port: int | None = None
-        self._timeout = 0.0
-        self._watch: asyncio.Task | None = None
-        self._stopping = False
 
     def command(self, host: str, port: int) -> list[str]:
         return vllm_command(host=host, port=port, **self.command_args)
 
-    async def start(self, timeout: float) -> str:
-        """ServerActor.start, except that a restart keeps the first start's port, so the URL stays the same."""
-        self._timeout, self._stopping = timeout, False
-        host = worker_host()
-        if self._port is None:
-            self._port = free_port(host)
-        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.command(host, self._port), stdout=log_file, stderr=log_file, preexec_fn=_die_with_parent,
-                env={**os.environ, **self.env}, start_new_session=True)
-        self.url = f"http://{host}:{self._port}/v1"
-        await self._wait_ready(timeout)
-        self._watch = asyncio.create_task(self._watch_for_crash())
-        return self.url
-
-    async def _watch_for_crash(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        code = await proc.wait()
-        if self._stopping or proc is not self._proc:
-            return
-        crash = {"returncode": code, "url": self.url, "log_tail": self.log_tail(2000)}
-        self.crashes.append(crash)
-        log.error("engine_crashed", engine=self.name, url=self.url, returncode=code, log=self.log_path,
-                  restart=self.restart_on_crash and self.restarts < self.max_restarts)
-        _dask_event({"event": "engine_crashed", "engine": self.name, "url": self.url, "returncode": code})
-        if not self.restart_on_crash or self.restarts >= self.max_restarts:
-            return
-        self.restarts += 1
-        with open(self.log_path, "a") as f:
-            f.write(f"\n[uni-agent] exit code {code}: restart {self.restarts} of {self.max_restarts}\n")
-        try:
-            await self.start(self._timeout)
-        except Exception as exc:  # noqa: BLE001 - recorded, and the replica stays down
-            log.error("engine_restart_failed", engine=self.name, error=f"{type(exc).__name__}: {exc}")
-            self.crashes.append({"restart_failed": f"{type(exc).__name__}: {exc}"})
+    def swap_model(self, path: str) -> str:
+        previous, self.command_args["model"] = self.command_args["model"], path
+        return previous
 
     async def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.url, "worker": worker_address(),
-                "cuda_visible_devices": self.cuda_visible_devices, "alive": await self.alive(),
-                "pid": self._proc.pid if self._proc is not None else None,
-                "restarts": self.restarts, "crashes": self.crashes}
-
-    async def stop(self) -> None:
-        self._stopping = True
-        watch, self._watch = self._watch, None
-        if watch is not None and watch is not asyncio.current_task():  # first, so no restart begins (a cancelled
-            # launch kills its own child); a restart that times out calls stop() from inside the watch itself
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-        await super().stop()
-
-
-def _dask_event(msg: dict[str, Any]) -> None:
-    with contextlib.suppress(Exception):
-        from distributed import get_worker
-
-        get_worker().log_event("uni-agent-engine", msg)
+        return {**await super().describe(), "worker": worker_address(),
+                "cuda_visible_devices": self.cuda_visible_devices}
 
 
 async def start_vllm(client: Any, settings: RunSettings, log_dir: str) -> Engines:
@@ -149,7 +90,8 @@ async def start_vllm(client: Any, settings: RunSettings, log_dir: str) -> Engine
         for replica in replicas:
             log_path = str(Path(log_dir).resolve() / f"engine-{replica.index}.log")
             future = client.submit(VllmServer, command_args, replica.cuda_visible_devices, log_path,
-                                   settings.engine_restart_on_crash, settings.engine_max_restarts, actor=True,
+                                   settings.engine_restart_on_crash, settings.engine_max_restarts,
+                                   settings.engine_restart_window, actor=True,
                                    workers=[replica.worker], allow_other_workers=False,
                                    key=f"vllm-server-{replica.index}-{uuid.uuid4().hex[:8]}")
             engines.futures.append(future)

@@ -29,22 +29,26 @@ from .replica_versions import ReplicaVersions
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
+CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts to close their sandboxes
 ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.driver.mailbox polls every 2 s)
 
 
 class AgentWorker:
     def __init__(self, urls: list[str], model: str, api_key: str | None, sampling: dict[str, Any],
-                 llm_timeout: float, log_dir: str, log_level: str = "INFO", token_capture: str | None = None):
+                 llm_timeout: float, log_dir: str, log_level: str = "INFO", token_capture: str | None = None,
+                 down_wait: float | None = None):
         if not urls:
             raise ValueError("AgentWorker needs at least one engine URL")
         register_secret(api_key)
         configure_logging(log_dir, "agent-worker", log_level)
         self.urls = list(urls)
-        # With several replicas a dead one is not waited for: its rollouts move on (Router).
+        # With several replicas a dead one is not waited for: its rollouts move on (Router). One replica is waited for
+        # up to `down_wait` seconds (its engine restarting, uni_agent.engines.server), and so are all of them.
         self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling,
-                                        retry_unreachable=len(urls) == 1, token_capture=token_capture)
+                                        retry_unreachable=len(urls) == 1, token_capture=token_capture,
+                                        down_wait=down_wait if len(urls) == 1 else None)
                         for url in urls}
-        self.router = Router(self.clients, give_up_after=llm_timeout)
+        self.router = Router(self.clients, give_up_after=down_wait or llm_timeout)
         self.address = worker_address()
         self.emit = worker_emitter()
         # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
@@ -138,8 +142,12 @@ class AgentWorker:
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        for task in list(self._running.values()):  # rollouts whose driver is gone: their sandboxes close on cancellation
+        running = list(self._running.values())
+        for task in running:  # rollouts whose driver is gone: their sandboxes close on cancellation
             task.cancel()
+        if running:  # and are closed before this returns: the cluster may close this worker's loop right after,
+            # and a sandbox process still open then is an "Event loop is closed" traceback (and a leak)
+            await asyncio.wait(running, timeout=CLOSE_WAIT_S)
         for client in self.clients.values():
             await client.aclose()
 

@@ -151,8 +151,9 @@ class ChatClient:
         except aiohttp.ClientError as exc:
             raise TransientLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
         latency = time.monotonic() - started
-        if response.status_code == 503:  # llama-server answers 503 while it loads its model (a restart, too)
-            raise EndpointDownError(f"{self.base_url}: HTTP 503, not serving (yet): {response.text[:300]}")
+        if response.status_code == 503 and "loading model" in response.text[:300].lower():
+            # llama-server while it loads its model (a restart, too): down for now, like a refused connection
+            raise EndpointDownError(f"{self.base_url}: HTTP 503, not serving yet: {response.text[:300]}")
         if response.status_code == 429 or response.status_code >= 500:
             raise TransientLLMError(f"{self.base_url}: HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
