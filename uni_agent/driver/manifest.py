@@ -32,7 +32,9 @@ log = structlog.get_logger("uni_agent.manifest")
 # Settings that do not change what a rollout produces: a resumed run may change them without a warning.
 NOT_COMPARED = {"output_dir", "progress", "log_level", "scheduler_address", "scheduler_file", "tls_dir", "retry_errors",
                 "flush_every", "worker_wait_timeout", "engine_start_timeout", "local_workers", "threads_per_worker",
-                "agent_workers", "n_workers", "num_workers", "max_samples", "api_key"}  # n_/num_workers: in older run.json
+                "agent_workers", "n_workers", "num_workers", "max_samples", "api_key",  # n_/num_workers: in older run.json
+                "engine_restart_on_crash", "engine_max_restarts", "engine_restart_window", "engine_down_wait",
+                "write_retry_timeout"}  # how faults are survived, not what a rollout produces
 PACKAGES = ("uni-agent", "dask", "distributed", "pyarrow", "pandas", "httpx", "llama-cpp-python", "vllm")
 HASH_CACHE = Path(os.environ.get("UNI_AGENT_CACHE_DIR", Path.home() / ".cache" / "uni-agent")) / "file-hashes.json"
 
