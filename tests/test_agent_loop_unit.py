@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import AGENT_CONFIG, REPO_ROOT, assistant_turns
-from uni_agent.episode.agent_loop import UniAgentLoop
+from uni_agent.episode.agent_loop import UniAgentLoop, first_request
 from uni_agent.config import deep_merge, validate_agent
 from uni_agent.episode.exit_reason import ExitReason
 from uni_agent.grading import Verification
@@ -213,6 +213,18 @@ def test_a_start_failing_during_the_first_call_ends_at_once_as_a_sandbox_error()
     assert result.error == "SandboxStartError: injected: never comes up" and result.failure_cause.startswith("sandbox")
     assert result.failure_kind == "infra" and result.num_turns == 0
     assert result.total_s < 2.0  # the model call (3 s) was cancelled, not waited for
+
+
+def test_the_first_request_is_what_the_loop_sends_first():
+    """first_request (what an engine caches for every slot, uni_agent.engines.shared_prompt) equals the loop's own
+    first model call, for tools in the request and tools described in the system prompt."""
+    for agent in (_agent(), _agent(tools_in="prompt")):
+        sandbox = FakeSandbox()
+        seen = []
+        _run(lambda body: seen.append(body) or tool_call_message("submit", {}), sandbox, agent)
+        messages, tools = first_request(_spec(agent))
+        assert seen[0]["messages"] == messages and seen[0].get("tools") == tools
+        assert (tools is None) == (agent.interaction.tools_in == "prompt")
 
 
 def test_malformed_calls_are_observations_and_no_call_gets_a_hint():

@@ -37,6 +37,7 @@ from uni_agent.engines.llama_cpp import (
     servers_per_group,
 )
 from uni_agent.engines.placement import PlacementError
+from uni_agent.engines.shared_prompt import share_prompt
 from uni_agent.tool_calls import tool_call_json_schema
 
 CPU_SERVER = find_binary("cpu")
@@ -143,6 +144,10 @@ def test_server_command_line():
     gpu = server_command("/b/llama-server", "/m/x.gguf", "x", host="h", port=1, slots=128, context_length=8192,
                          threads=4, gpu=True)
     assert gpu[gpu.index("--n-gpu-layers") + 1] == "999"
+    assert "--slot-save-path" not in cmd
+    shared = server_command("/b/llama-server", "/m/x.gguf", "x", host="h", port=1, slots=2, context_length=512,
+                            threads=1, gpu=False, slot_save_path="/logs/engine-0.slots")
+    assert shared[shared.index("--slot-save-path") + 1] == "/logs/engine-0.slots"
 
 
 def test_several_servers_share_each_gpu_group():
@@ -229,6 +234,37 @@ def test_parallel_slots_batch_conversations_and_keep_their_prefix(tmp_path):
         assert second_prompt > first_prompt
         assert second_read < second_prompt - first_prompt + 16, results  # the shared prefix came from the slot cache
     assert not asyncio.run(server.alive())
+
+
+@needs_server
+def test_the_shared_prompt_is_read_once_and_every_slot_starts_with_it(tmp_path):
+    """share_prompt reads one opening request into a slot and copies it into the other three; then four first-turn
+    requests at once (the first wave), each with its own task after the shared system prompt, all find the prefix
+    cached and read only their own tokens. Without the sharing, the same wave reads the whole prompt in each slot."""
+    system = {"role": "system", "content": "You are a careful engineer. Reply with one JSON tool call. " * 40}
+
+    def opening(i):
+        return [system, {"role": "user", "content": f"Task {i}: list the files in /tmp/{i}."}]
+
+    async def wave(share):
+        server = LlamaServer(default_model_path(), "smol", variant="cpu", slots=4, context_length=1024,
+                             threads=os.cpu_count() or 2, log_path=str(tmp_path / f"engine-{share}.log"))
+        url = await server.start(120)
+        try:
+            shared = await share_prompt([url], "smol", opening(0), None) if share else []
+            async with httpx.AsyncClient(timeout=300) as http:
+                replies = await asyncio.gather(*(http.post(f"{url}/chat/completions", json={
+                    "model": "smol", "messages": opening(i), "max_tokens": 1}) for i in range(1, 5)))
+            return shared, [(r.json()["usage"]["prompt_tokens"], r.json()["timings"]["prompt_n"]) for r in replies]
+        finally:
+            await server.stop()
+
+    shared, with_sharing = asyncio.run(wave(True))
+    _, without = asyncio.run(wave(False))
+    assert len(shared) == 1 and shared[0]["slots"] == 4 and shared[0]["prompt_tokens"] > 400, shared
+    assert all(read < 40 for _, read in with_sharing), with_sharing  # only the task's own tokens were read
+    # each slot read the whole prompt (a request that comes after another has finished may find its prefix)
+    assert sum(read for _, read in without) >= 3 * without[0][0], without
 
 
 # ---- the GPU path on a machine without GPUs ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pandas as pd
 import structlog
 from distributed import Client
@@ -31,12 +32,15 @@ from .driver.dispatch import AgentWorkersLost, Dispatcher
 from .driver.inputs import load_inputs
 from .driver.policy import DispatchPolicy
 from .driver.pool import ActorPool
-from .engines import EngineFailed, start_engines
+from .engines import EngineFailed, Engines, start_engines
+from .engines.shared_prompt import share_prompt
 from .llm import token_capture_for
 from .logs import configure_logging
 from .driver.manifest import RunManifest, engine_versions
 from .redact import register_secret
+from .registry import import_object
 from .driver.results import ResultsNotWritten, ResultStore
+from .episode.agent_loop import UniAgentLoop, first_request
 from .episode.rollout import RolloutSpec
 from .settings import RunSettings, load_settings
 from .driver.summary import summarize
@@ -125,6 +129,19 @@ async def run_async(
     return RunOutcome(results.reset_index(drop=True), summary, problems)
 
 
+async def _share_prompt(engines: Engines, spec: RolloutSpec, settings: RunSettings) -> None:
+    """Every llama-server slot starts with the first rollout's opening request cached (its system prompt is every
+    rollout's): the first wave does not read it once per slot. Only time is at stake, so a failure is a warning."""
+    if settings.engine != "llama_cpp" or not settings.engine_share_prompt:
+        return
+    if not issubclass(import_object(spec.agent.target), UniAgentLoop):  # a harness builds its own requests
+        return
+    try:
+        await share_prompt(engines.urls, engines.model_name, *first_request(spec), api_key=engines.api_key)
+    except httpx.HTTPError as exc:
+        log.warning("prompt_not_shared", error=repr(exc))
+
+
 def _run_id(output_dir: Path) -> str:
     """One run id per output dir, so a resumed run keeps its id: the one in run.json, else a new one."""
     marker = output_dir / "run.json"
@@ -148,7 +165,13 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
         workers = await sandbox_workers(client, settings.gpu_resource_name)
         policy = DispatchPolicy(settings.agent_workers, settings.worker_wait_timeout)
         dispatcher = Dispatcher(client, pool, policy, store, settings, await verification_placement(client, workers))
-        await dispatcher.start_actors(workers)
+        sharing = asyncio.ensure_future(_share_prompt(engines, todo[0], settings))  # while the agent workers start
+        try:
+            await dispatcher.start_actors(workers)
+        except BaseException:
+            sharing.cancel()
+            raise
+        await sharing
         # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
         await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
             dispatcher.run_id, level, message))

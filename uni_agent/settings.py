@@ -100,6 +100,7 @@ class RunSettings(BaseSettings):
     engine_max_restarts: int = Field(3, ge=0)  # per replica within engine_restart_window; then the replica is down
     engine_restart_window: float = Field(3600, gt=0)
     engine_down_wait: float = Field(600, gt=0)  # how long a model call waits for a down engine before it fails
+    engine_share_prompt: bool = True  # llama_cpp: read the agents' system prompt once per server, not once per slot
 
     # Output
     flush_every: int = Field(16, ge=1)

@@ -69,8 +69,9 @@ def check_gguf(path: str) -> str:
 
 
 def server_command(binary: str, model_path: str, model_name: str, *, host: str, port: int, slots: int,
-                   context_length: int, threads: int, gpu: bool) -> list[str]:
-    """The `llama-server` command line (pure: checked by unit tests)."""
+                   context_length: int, threads: int, gpu: bool, slot_save_path: str | None = None) -> list[str]:
+    """The `llama-server` command line (pure: checked by unit tests). `slot_save_path`: the directory a slot's
+    KV cache is saved to and restored from (share_prompt copies the agents' system prompt into every slot)."""
     command = [
         binary, "--model", model_path, "--alias", model_name, "--host", host, "--port", str(port),
         "--parallel", str(slots), "--ctx-size", str(context_length * slots),  # each slot gets context_length
@@ -78,6 +79,8 @@ def server_command(binary: str, model_path: str, model_name: str, *, host: str, 
         "--cont-batching", "--jinja", "--metrics", "--cache-ram", str(CACHE_RAM_MIB),
         "--no-webui",
     ]
+    if slot_save_path is not None:
+        command += ["--slot-save-path", slot_save_path]
     if gpu:
         command += ["--n-gpu-layers", "999"]  # every layer on the GPU (999: whatever the model has)
     return command
@@ -138,9 +141,11 @@ class LlamaServer(ServerActor):
                 f"{self.cuda_visible_devices}); fix the worker's --resources or its GPUs:\n{listing[-1500:]}")
 
     def command(self, host: str, port: int) -> list[str]:
+        slot_dir = Path(self.log_path).with_suffix(".slots")  # next to the server's log: engine-0.slots/
+        slot_dir.mkdir(parents=True, exist_ok=True)
         return server_command(self._binary(), self.model_path, self.model_name, host=host, port=port, slots=self.slots,
                               context_length=self.context_length, threads=self.threads,
-                              gpu=self.variant == "cuda")
+                              gpu=self.variant == "cuda", slot_save_path=str(slot_dir))
 
 
 def servers_per_group(groups: list[tuple[str, str]], per_group: int) -> list[tuple[int, str, str]]:

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("uni_agent.agent")
 
-__all__ = ["ChatModel", "EpisodeEnd", "SandboxGrader", "SandboxOpener", "UniAgentLoop", "start_sandbox",
-           "workspace_patch"]
+__all__ = ["ChatModel", "EpisodeEnd", "SandboxGrader", "SandboxOpener", "UniAgentLoop", "first_request",
+           "request_tools", "start_sandbox", "workspace_patch"]
 
 
 class ChatModel(Protocol):
@@ -215,18 +215,7 @@ class UniAgentLoop:
 
     def _request_tools(self, conversation: Conversation, schemas: list[dict]
                        ) -> tuple[list[dict] | None, dict[str, Any] | None]:
-        """The tools as the request carries them (api), or as the system prompt describes them (prompt), and the
-        decoding constraint that keeps every reply one valid tool call (constrain_tool_calls)."""
-        interaction = self.agent.interaction
-        if interaction.tools_in == "prompt":
-            conversation.add_instructions(tool_format_instructions(schemas, interaction.tool_call_parser))
-        tools = schemas if interaction.tools_in == "api" else None
-        response_format = None
-        if interaction.constrain_tool_calls:
-            # the chosen format's own schema: config only allows formats that have one
-            response_format = {"type": "json_object",
-                               "schema": decoding_schema(schemas, interaction.tool_call_parser)}
-        return tools, response_format
+        return request_tools(self.agent, conversation, schemas)
 
     async def _query(self, conversation: Conversation, tools: list[dict] | None,
                      response_format: dict[str, Any] | None, result: RolloutResult, turn: int) -> ChatReply:
@@ -280,6 +269,30 @@ class UniAgentLoop:
             # the seed's meaning: a rollout that did not end with `submit` is not trained on
             result.masked, result.mask_reason = True, f"mask_abnormal_exit_traj: exit_reason {result.exit_reason}"
             result.loss_mask = [0] * len(result.loss_mask)
+
+
+def request_tools(agent: AgentConfig, conversation: Conversation, schemas: list[dict]
+                  ) -> tuple[list[dict] | None, dict[str, Any] | None]:
+    """The tools as the request carries them (api), or as the system prompt describes them (prompt), and the
+    decoding constraint that keeps every reply one valid tool call (constrain_tool_calls)."""
+    interaction = agent.interaction
+    if interaction.tools_in == "prompt":
+        conversation.add_instructions(tool_format_instructions(schemas, interaction.tool_call_parser))
+    tools = schemas if interaction.tools_in == "api" else None
+    response_format = None
+    if interaction.constrain_tool_calls:
+        # the chosen format's own schema: config only allows formats that have one
+        response_format = {"type": "json_object",
+                           "schema": decoding_schema(schemas, interaction.tool_call_parser)}
+    return tools, response_format
+
+
+def first_request(spec: RolloutSpec) -> tuple[list[dict[str, Any]], list[dict] | None]:
+    """The messages and tools of this rollout's first model call: every rollout of its agent begins with the same
+    system prompt, which an engine can read once for all its slots (uni_agent.engines.shared_prompt)."""
+    conversation = Conversation(spec.prompt, spec.agent.system_prompt)
+    tools, _ = request_tools(spec.agent, conversation, tool_schemas([t.name for t in spec.agent.tools]))
+    return conversation.messages, tools
 
 
 async def _started_or_stopped(starting: asyncio.Task[Sandbox] | None) -> Sandbox | None:
