@@ -126,7 +126,7 @@ class ContainerDeploymentConfig(ImageDeploymentBase):
     """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).
 
     The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
-    copy in at start. The defaults are those that work with rootful podman + runc on Debian (see the README)."""
+    copy in at start. The defaults are those that work with rootful podman + runc on Debian (see docs/sandboxes.md)."""
 
     sandbox_class: ClassVar[Any] = "uni_agent.sandbox.container:ContainerSandbox"
     type: Literal["docker", "podman"] = "podman"

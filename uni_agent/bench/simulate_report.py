@@ -86,7 +86,8 @@ def check_line(row: dict[str, Any]) -> str:
 def timeline(row: dict[str, Any]) -> str:
     if "record_tail_s" not in row:
         return ""
-    return (f"\n    after the driver's start: last rollout started at {row['last_started_s']:.1f} s, last finished on "
+    return (f"\n    after the driver's start: first rollout started at {row.get('first_started_s', math.nan):.1f} s, "
+            f"last at {row['last_started_s']:.1f} s, last finished on "
             f"its worker at {row['last_finished_s']:.1f} s, last row on disk at {row['last_recorded_s']:.1f} s "
             f"(record tail {row['record_tail_s']:.1f} s)")
 
