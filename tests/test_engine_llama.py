@@ -37,7 +37,7 @@ from uni_agent.engines.llama_cpp import (
     servers_per_group,
 )
 from uni_agent.engines.placement import PlacementError
-from uni_agent.engines.shared_prompt import share_prompt
+from uni_agent.engines.shared_prompt import SLOT_FILE, share_prompt
 from uni_agent.tool_calls import tool_call_json_schema
 
 CPU_SERVER = find_binary("cpu")
@@ -252,12 +252,14 @@ def test_the_shared_prompt_is_read_once_and_every_slot_starts_with_it(tmp_path):
         url = await server.start(120)
         try:
             shared = await share_prompt([url], "smol", opening(0), None) if share else []
+            assert (server.slot_dir / SLOT_FILE).exists() == share
             async with httpx.AsyncClient(timeout=300) as http:
                 replies = await asyncio.gather(*(http.post(f"{url}/chat/completions", json={
                     "model": "smol", "messages": opening(i), "max_tokens": 1}) for i in range(1, 5)))
             return shared, [(r.json()["usage"]["prompt_tokens"], r.json()["timings"]["prompt_n"]) for r in replies]
         finally:
             await server.stop()
+            assert not server.slot_dir.exists()  # the saved cache (tens of MB) goes with the server
 
     shared, with_sharing = asyncio.run(wave(True))
     _, without = asyncio.run(wave(False))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,17 @@ class LlamaServer(ServerActor):
                 f"{self.name}: this worker declares GPUs but the CUDA build sees none (CUDA_VISIBLE_DEVICES="
                 f"{self.cuda_visible_devices}); fix the worker's --resources or its GPUs:\n{listing[-1500:]}")
 
+    @property
+    def slot_dir(self) -> Path:
+        return Path(self.log_path).with_suffix(".slots")  # next to the server's log: engine-0.slots/
+
+    async def stop(self) -> None:
+        await super().stop()
+        # The shared prompt's saved KV cache (engines/shared_prompt.py, ~25 MB for SmolLM2) is of no use afterwards.
+        await asyncio.to_thread(shutil.rmtree, self.slot_dir, True)
+
     def command(self, host: str, port: int) -> list[str]:
-        slot_dir = Path(self.log_path).with_suffix(".slots")  # next to the server's log: engine-0.slots/
+        slot_dir = self.slot_dir
         slot_dir.mkdir(parents=True, exist_ok=True)
         return server_command(self._binary(), self.model_path, self.model_name, host=host, port=port, slots=self.slots,
                               context_length=self.context_length, threads=self.threads,
