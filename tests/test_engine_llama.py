@@ -285,7 +285,8 @@ def test_gpu_engine_without_gpus_is_refused(tmp_path, monkeypatch):
     binary_path("cuda").parent.mkdir(parents=True)
     shutil.copy2(CPU_SERVER, binary_path("cuda"))
     common = dict(engine="llama_cpp", engine_device="gpu", n_gpus_per_node=1, max_samples=1, progress=False,
-                  output_dir=str(tmp_path / "out"), engine_start_timeout=60)
+                  output_dir=str(tmp_path / "out"), engine_start_timeout=60,
+                  worker_wait_timeout=3)  # a cluster started apart is given time for GPU workers to join: not here
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
                       resources={"SANDBOX": 8}) as cluster, Client(cluster) as client:
         with pytest.raises(PlacementError, match="there are none"):
