@@ -61,6 +61,25 @@ SandboxOpener = Callable[[AgentConfig, str], Awaitable[Sandbox]]  # (agent, sand
 SandboxGrader = Callable[[Sandbox, AgentConfig], Awaitable["Verification"]]  # grading in the agent's own sandbox
 
 
+async def collect_patch_and_close(sandbox: Sandbox, result: RolloutResult, agent: AgentConfig,
+                                  grade: SandboxGrader | None, on_grading: Callable[[], None]) -> None:
+    """The end of every episode, whatever ended it: the workspace's patch kept (a max_turns or timeout rollout is
+    still graded), graded in this sandbox when `grade` is given (the tests see the machine as the agent left it), and
+    the sandbox closed on every path."""
+    try:
+        result.patch = await workspace_patch(sandbox)
+    except (SandboxError, OSError) as exc:
+        if result.error is None:
+            result.end(ExitReason.ERROR, f"could not collect the patch: {exc}")
+            infra(result, "sandbox", result.error)
+    try:
+        if grade is not None:
+            on_grading()
+            result.record(await grade(sandbox, agent))
+    finally:
+        await sandbox.close()
+
+
 class EpisodeEnd(Exception):
     """Ends the episode; the subclass name is not used, `exit_reason` is."""
 
@@ -117,7 +136,9 @@ class UniAgentLoop:
         finally:
             sandbox = await _started_or_stopped(starting)
             if sandbox is not None:
-                await self._collect_patch_and_close(sandbox, result, spec.grade_in_agent_sandbox)
+                await collect_patch_and_close(sandbox, result, self.agent,
+                                              self.grade_in_sandbox if spec.grade_in_agent_sandbox else None,
+                                              lambda: self._state("verifying"))
         result.messages = redact(conversation.to_json())
         if result.error is not None:  # an endpoint's error body may echo the request's credentials
             result.error = redact(result.error)
@@ -178,21 +199,6 @@ class UniAgentLoop:
         except TimeoutError:
             raise EpisodeEnd(ExitReason.WALL_CLOCK,
                              f"the episode ran past its wall-clock budget of {budget:g} s") from None
-
-    async def _collect_patch_and_close(self, sandbox: Sandbox, result: RolloutResult, grade: bool) -> None:
-        # Whatever ended the episode, the work done so far is kept: a max_turns or timeout rollout is still graded.
-        try:
-            result.patch = await workspace_patch(sandbox)
-        except (SandboxError, OSError) as exc:
-            if result.error is None:
-                result.end(ExitReason.ERROR, f"could not collect the patch: {exc}")
-                infra(result, "sandbox", result.error)
-        try:
-            if grade and self.grade_in_sandbox is not None:  # the tests see the machine as the agent left it
-                self._state("verifying")
-                result.record(await self.grade_in_sandbox(sandbox, self.agent))
-        finally:
-            await sandbox.close()
 
     async def _interact(self, conversation: Conversation, starting: asyncio.Task[Sandbox], result: RolloutResult,
                         bound: Any) -> ExitReason:

@@ -27,14 +27,14 @@ from typing import Any
 import structlog
 
 from ..config import AgentConfig, HarnessConfig
-from ..episode.agent_loop import ChatModel, EpisodeEnd, SandboxGrader, SandboxOpener
+from ..episode.agent_loop import ChatModel, EpisodeEnd, SandboxGrader, SandboxOpener, collect_patch_and_close
 from ..episode.exit_reason import ExitReason
 from ..episode.failures import classify, infra
 from ..episode.rollout import RolloutResult, RolloutSpec
 from ..events import Emit, no_emit, rollout_event
 from ..redact import redact
 from ..sandbox import ExecResult, Sandbox, SandboxError
-from ..sandbox.start import start_sandbox, workspace_patch
+from ..sandbox.start import start_sandbox
 from .gateway import Gateway, Lease, worker_gateway
 
 log = structlog.get_logger("uni_agent.harness")
@@ -101,7 +101,9 @@ class HarnessAgent:
             gateway.unregister(lease)
             await gateway.close_door(lease)
             if sandbox is not None:
-                await self._collect_patch_and_close(sandbox, result, spec)
+                await collect_patch_and_close(sandbox, result, self.agent,
+                                              self.grade_in_sandbox if spec.grade_in_agent_sandbox else None,
+                                              lambda: self._state(spec, result.worker, "verifying"))
         lease.calls.fill(result)
         result.messages = redact(result.messages)
         if result.error is not None:
@@ -188,21 +190,6 @@ class HarnessAgent:
             infra(result, "harness", result.error)
         else:
             result.end(ExitReason.PROGRAM_FAILED, f"the program exited with code {outcome.exit_code}")
-
-    async def _collect_patch_and_close(self, sandbox: Sandbox, result: RolloutResult, spec: RolloutSpec) -> None:
-        # Whatever ended the episode, the work done so far is kept and graded, as in our own loop.
-        try:
-            result.patch = await workspace_patch(sandbox)
-        except (SandboxError, OSError) as exc:
-            if result.error is None:
-                result.end(ExitReason.ERROR, f"could not collect the patch: {exc}")
-                infra(result, "sandbox", result.error)
-        try:
-            if spec.grade_in_agent_sandbox and self.grade_in_sandbox is not None:
-                self._state(spec, result.worker, "verifying")
-                result.record(await self.grade_in_sandbox(sandbox, self.agent))
-        finally:
-            await sandbox.close()
 
     def _state(self, spec: RolloutSpec, worker: str, state: str, **fields: Any) -> None:
         self.emit(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, worker=worker, **fields))
