@@ -31,6 +31,9 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
     "UNI_AGENT_IMAGE_CACHE", "UNI_AGENT_IMAGE_CACHE_GB", "UNI_AGENT_RUN_AS",  # sandbox/image_store.py, bwrap.py
     "UNI_AGENT_PREPULL",  # cluster/sandbox-workers.sbatch
+    # what a harness program finds in its sandbox (uni_agent/harness/agent.py), never read as settings
+    "UNI_AGENT_MODEL", "UNI_AGENT_PROMPT", "UNI_AGENT_PROMPT_FILE", "UNI_AGENT_MESSAGES_FILE", "UNI_AGENT_WORKDIR",
+    "UNI_AGENT_MAX_CALLS",
 })
 
 # Old setting names, still accepted as keywords, UNI_AGENT_* variables and settings-file keys, with a FutureWarning
