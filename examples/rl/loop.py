@@ -10,7 +10,7 @@ really is different weights. update_weights restarts the llama-server on the new
 from it. With --async the next batch is already running while the "trainer" works and the update happens under it
 (its rollouts carry both versions, in order). docs/online.md has the recipe for a real trainer on GPUs.
 
-Per step it prints: the step, the version asked for, rollouts, mean reward, sampled tokens per version (as the
+Per step it prints: the step, the version the batch asked for, rollouts, mean reward, sampled tokens per version (as the
 rows record them), and the update's time (all replicas on the new weights) and pause (no new calls to a replica).
 """
 
@@ -70,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
             weights = out / "weights" / f"policy-v{new_version}.gguf"
             perturb_gguf(base, weights, seed=new_version)  # the stand-in training step
             report = await service.update_weights(new_version, str(weights))
-            print(f"step {step}: version {results[0].policy_version if results else '-'}, {len(results)} rollouts "
+            print(f"step {step}: asked for version {results[0].policy_version if results else '-'}, {len(results)} rollouts "
                   f"({len(examples)} trainable), mean reward {statistics.fmean(r.reward for r in results):.2f}, "
                   f"advantages {[round(a, 2) for a in advantages]}, tokens per version {dict(sorted(tokens.items()))},"
                   f" update {report.seconds:.2f} s (pause {report.max_pause_s:.2f} s), step {time.monotonic() - started:.1f} s",
