@@ -10,7 +10,8 @@
 3. the service against parallel_infer.py on the same batch (the same rows x n, temperature 0 so both sample the
    same tokens), alternating `repeats` times: rollouts per minute over the rollouts' own span (first start to last
    finish, read from the rows), which leaves out what only one of them pays (cluster and engine start);
-   parallel_infer's end-to-end rate too. Measured first, then 1, then 2.
+   parallel_infer's end-to-end rate too. Measured first (its own service, at temperature 0), then 1 and 2 (a service
+   sampling at the default temperature, so that rollouts go on for several turns and an update can fall mid-way).
 The stand-in trainer step (uni_agent.training.standin) writes a perturbed GGUF (about 2 s here); --train-s adds the
 seconds a real trainer's step would take, during which the async loop keeps generating.
 """
@@ -69,10 +70,10 @@ async def loop(service: RolloutService, rows: list, args: argparse.Namespace, ov
 async def service_figures(rows: list, args: argparse.Namespace, out: Path) -> dict:
     figures: dict = {}
     base = default_model_path()
-    service = await RolloutService.start(output_dir=str(out / "service"), engine="llama_cpp", verify=False,
+    weights = out / "weights"
+    service = await RolloutService.start(output_dir=str(out / "service-t0"), engine="llama_cpp", verify=False,
                                          max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=0.0)
     async with service:
-        weights = out / "weights"
         # 3. the same batch as parallel_infer, alternating with it (the machine's load moves; pairs side by side).
         # Before each service batch the engine restarts on the base model (a new version of the same weights): its
         # prompt cache is as cold as parallel_infer's fresh server.
@@ -92,6 +93,10 @@ async def service_figures(rows: list, args: argparse.Namespace, out: Path) -> di
             "completion_tokens": {"service": int(results["completion_tokens"].sum()),
                                   "parallel_infer": infer_runs[-1]["completion_tokens"]},
             "ratio_per_pair": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3)}
+    # 1 and 2 sample as a run does (temperature 0.8): rollouts differ, and most go on for several turns.
+    service = await RolloutService.start(output_dir=str(out / "service"), engine="llama_cpp", verify=False,
+                                         max_turns=args.max_turns, max_tokens=args.max_tokens)
+    async with service:
         # 1. update pause, idle and under load
         v = service.version
         perturb_gguf(base, weights / "p1.gguf", seed=101)
@@ -131,7 +136,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument("--max-samples", type=int, default=2)
-    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="service / parallel_infer pairs")
     parser.add_argument("--train-s", type=float, default=0.0,
