@@ -1,3 +1,5 @@
+import atexit
+import contextlib
 import os
 import tempfile
 import time
@@ -7,9 +9,19 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
+def _remove_if_empty(path: str, creator: int) -> None:
+    if os.getpid() == creator:  # not in a forked child, while the session still uses it
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 # Sandboxes of this test session live in their own root (inherited by the Dask workers the tests start), so the
-# leak checks below see only this session's sandboxes even when another run shares the machine.
-os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-"))
+# leak checks below see only this session's sandboxes even when another run shares the machine. Made only where
+# none is given, and removed at exit when empty: sessions leave nothing behind in a shared /tmp.
+if "UNI_AGENT_SANDBOX_ROOT" not in os.environ:
+    os.environ["UNI_AGENT_SANDBOX_ROOT"] = tempfile.mkdtemp(prefix="uni-agent-test-sandboxes-")
+    atexit.register(_remove_if_empty, os.environ["UNI_AGENT_SANDBOX_ROOT"], os.getpid())
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 # What a local sandbox runs on the host: its bwrap (the supervisor and the commands run inside it).
 SANDBOX_PROCESSES = ("bwrap",)
