@@ -44,6 +44,18 @@ def service(dask_client, loop, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def long_service(dask_client, loop, tmp_path_factory):
+    """Rollouts of up to 10 turns, for the tests that need one to span an update: a 3-turn rollout on a quiet machine
+    ends before the switch."""
+    started = loop.run(RolloutService.start(
+        AGENT_CONFIG, scheduler_address=dask_client.scheduler.address, output_dir=str(tmp_path_factory.mktemp("long")),
+        engine="llama_cpp", agent_workers=1, max_turns=10, max_tokens=48, verify=False, engine_parallel=4),
+        timeout=600)
+    yield started
+    loop.run(started.close(), timeout=300)
+
+
+@pytest.fixture(scope="module")
 def weights(tmp_path_factory):
     """Version k's GGUF (the stand-in trainer's output), made on first use."""
     folder = tmp_path_factory.mktemp("weights")
@@ -127,30 +139,28 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
     assert set(stored["policy_version"]) == {0, 1} and len(set(zip(stored.instance_id, stored.rollout))) == 4
 
 
-def test_a_rollout_spanning_an_update_has_both_versions_in_order(loop, dask_client, weights, rows, tmp_path):
-    # Rollouts of up to 10 turns (the module's service stops at 3, which a quiet machine finishes before the switch);
-    # a batch whose rollouts all ended before the switch proves nothing either way, so it is tried again.
-    service = loop.run(RolloutService.start(
-        AGENT_CONFIG, scheduler_address=dask_client.scheduler.address, output_dir=str(tmp_path / "long"),
-        engine="llama_cpp", agent_workers=1, max_turns=10, max_tokens=48, verify=False, engine_parallel=4),
-        timeout=600)
-    seen, spanning = [], []
-    try:
-        for _ in range(3):
-            spanning = _one_batch_across_an_update(loop, service, weights, rows, seen)
-            if spanning:
-                break
-    finally:
-        loop.run(service.close(), timeout=300)
-    assert spanning, seen
+def test_a_rollout_spanning_an_update_has_both_versions_in_order(loop, long_service, weights, rows):
+    spanning = _batches_across_updates(loop, long_service, weights, rows)
     for row in spanning:
         versions = _sampled_versions(row)
         assert versions == sorted(versions), "a later token carries an older version"
 
 
-def _one_batch_across_an_update(loop, service, weights, rows, seen: list) -> list:
-    """A batch of one row x 2 whose rollouts have answers of the serving version, then an update; the rollouts that
-    sampled under both versions."""
+def _batches_across_updates(loop, service, weights, rows, attempts: int = 3) -> list:
+    """Rollouts that sampled under two versions: a batch across an update, tried again (up to `attempts` batches)
+    when all of its rollouts ended before the switch, which proves nothing either way."""
+    seen: list = []
+    for _ in range(attempts):
+        v, results = _one_batch_across_an_update(loop, service, weights, rows, seen)
+        spanning = [r for r in results if (r.version_min, r.version_max) == (v, v + 1)]
+        if spanning:
+            return spanning
+    raise AssertionError(f"no rollout spanned an update in {attempts} batches: {seen}")
+
+
+def _one_batch_across_an_update(loop, service, weights, rows, seen: list) -> tuple[int, list]:
+    """A batch of one row x 2 whose rollouts have answers of the serving version v, then an update to v+1: v and the
+    batch's results."""
     v = service.version
     path, done = weights(v + 1), _calls_done(loop, service)  # the file first: its writing would delay the update
     batch = loop.run(service.submit(rows[:1], n=2))
@@ -159,35 +169,33 @@ def _one_batch_across_an_update(loop, service, weights, rows, seen: list) -> lis
     results = loop.run(batch.results(), timeout=600)
     seen += [(r.version_min, r.version_max, r.num_turns, r.exit_reason) for r in results]
     assert all(v <= r.version_min <= r.version_max <= v + 1 for r in results), seen
-    return [r for r in results if (r.version_min, r.version_max) == (v, v + 1)]
+    return v, results
 
 
-def test_max_staleness_masks_stale_rollouts(loop, service, weights, rows):
-    service.bound, v = StalenessBound(0, "mask"), service.version
-    path, done = weights(v + 1), _calls_done(loop, service)  # the file first: its writing would delay the update
-    batch = loop.run(service.submit(rows[:1], n=2))
-    _after_first_answers(loop, service, done)
-    loop.run(service.update_weights(v + 1, path, drain_timeout=120), timeout=600)
-    results = loop.run(batch.results(), timeout=600)
-    service.bound = StalenessBound()
-    # A rollout that went on after the update finished with version v+1 current and version v tokens: too stale.
-    # (One that finished during the update, all of it version v, was checked while v was still current.)
-    stale = [r for r in results if (r.version_min, r.version_max) == (v, v + 1)]
-    assert stale, [(r.version_min, r.version_max, r.num_turns, r.exit_reason) for r in results]
+def test_max_staleness_masks_stale_rollouts(loop, long_service, weights, rows):
+    long_service.bound = StalenessBound(0, "mask")
+    try:
+        # A rollout that went on after the update finished with version v+1 current and version v tokens: too stale.
+        stale = _batches_across_updates(loop, long_service, weights, rows)
+    finally:
+        long_service.bound = StalenessBound()
     for row in stale:
+        v = row.version_min
         assert row.masked and row.staleness_action == "masked" and not any(row.loss_mask)
         assert f"stale: sampled by versions {v}..{v + 1}, current version {v + 1}, max_staleness 0" in row.mask_reason
 
 
-def test_max_staleness_restarts_stale_rollouts(loop, service, weights, rows):
-    service.bound, v = StalenessBound(0, "restart", max_restarts=2), service.version
-    path, done = weights(v + 1), _calls_done(loop, service)  # the file first: its writing would delay the update
-    batch = loop.run(service.submit(rows[:1], n=2))
-    _after_first_answers(loop, service, done)
-    loop.run(service.update_weights(v + 1, path, drain_timeout=120), timeout=600)
-    results = loop.run(batch.results(), timeout=600)
-    service.bound = StalenessBound()
-    assert any(r.staleness_action == "restarted" for r in results), [r.staleness_action for r in results]
+def test_max_staleness_restarts_stale_rollouts(loop, long_service, weights, rows):
+    long_service.bound = StalenessBound(0, "restart", max_restarts=2)
+    seen: list = []
+    try:
+        for _ in range(3):  # a batch whose rollouts all ended before the switch had nothing to restart
+            v, results = _one_batch_across_an_update(loop, long_service, weights, rows, seen)
+            if any(r.staleness_action == "restarted" for r in results):
+                break
+    finally:
+        long_service.bound = StalenessBound()
+    assert any(r.staleness_action == "restarted" for r in results), seen
     for row in results:
         assert not row.masked or row.exit_reason != "submitted"
         if row.staleness_action == "restarted":
