@@ -107,10 +107,7 @@ class UniAgentLoop:
         if spec.grade_in_agent_sandbox and self.grade_in_sandbox is None:
             raise ValueError(f"{spec.instance_id}: the reward is graded in the agent's sandbox, "
                              "but the agent loop was given no grade_in_sandbox")
-        result = RolloutResult(
-            run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout, data_source=spec.data_source,
-            agent_name=agent.name, exit_reason=ExitReason.ERROR.value, worker=worker, started_at=time.time(),
-        )
+        result = RolloutResult.begin(spec, agent.name, worker)
         bound = log.bind(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout)
         conversation = Conversation(spec.prompt, agent.system_prompt)
         started = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,13 @@ class RolloutResult:
 
     def row(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @classmethod
+    def begin(cls, spec: RolloutSpec, agent_name: str, worker: str) -> RolloutResult:
+        """The row of a rollout starting now, an error until its episode says how it ended."""
+        return cls(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout,
+                   data_source=spec.data_source, agent_name=agent_name, exit_reason=ExitReason.ERROR.value,
+                   worker=worker, started_at=time.time())
 
     def end(self, reason: ExitReason, error: str | None = None) -> None:
         """Record why the episode ended, and the error that ended it."""
