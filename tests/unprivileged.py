@@ -3,8 +3,10 @@
 Root creates them (`useradd`: a home, a group of their own and, as Debian gives every new user, a range of
 subordinate ids in /etc/subuid and /etc/subgid, unless asked not to); where the tests do not run as root they skip
 and say why. A command runs as a user through `runuser` with a clean environment (HOME, USER, PATH and what the
-test adds), from the user's home; Python runs from this interpreter (the project's venv, which must be readable by
-everyone: /work/main/.venv is). Users this module created are removed again by `remove_users` (their processes,
+test adds), from the user's home; Python runs from this interpreter (the project's venv). The venv and the repo
+must be readable by everyone, as a site install is; where a directory above them lets no one else through (a CI
+checkout under a 0700 directory), others are given traverse permission (o+x, not listing) on it for the session and
+the mode is put back at exit. Users this module created are removed again by `remove_users` (their processes,
 found by uid, killed first), those that existed before are left alone.
 
     users = ensure_users(["ua-test-a", "ua-test-b"])        # pytest.skip where that cannot be done
@@ -13,12 +15,14 @@ found by uid, killed first), those that existed before are left alone.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +35,8 @@ import pytest
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 _created: list[str] = []  # by this process, so removed by it
+_opened: dict[Path, int] = {}  # directories given o+x for this session: their modes before
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,25 @@ def ensure_user(name: str, *, subordinate_ids: bool = True) -> User:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
+    existing = None
+    with contextlib.suppress(KeyError):
+        existing = _user(pwd.getpwnam(name))
+    if existing is None:
+        existing = _create(name, subordinate_ids)
+    _open_the_way()
+    probe = run_python_as(existing, "import uni_agent")
+    if probe.returncode != 0:
+        pytest.skip(f"{sys.executable} cannot import uni_agent as {name} (is the venv readable by everyone?): "
+                    f"{probe.stderr.strip()[-500:]}")
+    return existing
+
+
+def _create(name: str, subordinate_ids: bool) -> User:
     lock = Path(tempfile.gettempdir()) / "uni-agent-test-users.lock"
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # useradd edits /etc/passwd and /etc/subuid: one at a time
         with contextlib.suppress(KeyError):
-            return _user(pwd.getpwnam(name))
+            return _user(pwd.getpwnam(name))  # made meanwhile by another session
         argv = ["useradd", "--create-home", "--user-group", "--shell", "/bin/bash"]
         if not subordinate_ids:
             argv += ["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"]
@@ -68,12 +88,30 @@ def ensure_user(name: str, *, subordinate_ids: bool = True) -> User:
         if done.returncode != 0:
             pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
         _created.append(name)
-    user = _user(pwd.getpwnam(name))
-    probe = run_python_as(user, "import uni_agent")
-    if probe.returncode != 0:
-        pytest.skip(f"{sys.executable} cannot import uni_agent as {name} (is the venv readable by everyone?): "
-                    f"{probe.stderr.strip()[-500:]}")
-    return user
+    return _user(pwd.getpwnam(name))
+
+
+def _open_the_way() -> None:
+    """Give others traverse permission on the directories above the repo and the venv that lack it (a 0700 parent
+    of a CI checkout), so a user can reach the interpreter and the code; put the modes back at exit."""
+    for leaf in (REPO_ROOT, Path(sys.prefix), Path(sys.executable).parent):
+        for directory in reversed([leaf, *leaf.parents]):
+            if directory in _opened:
+                continue
+            mode = stat.S_IMODE(directory.stat().st_mode)
+            if not mode & stat.S_IXOTH:
+                if not _opened:
+                    atexit.register(_close_the_way, os.getpid())
+                _opened[directory] = mode
+                directory.chmod(mode | stat.S_IXOTH)
+
+
+def _close_the_way(creator: int) -> None:
+    if os.getpid() != creator:  # a forked child exits while the session still runs
+        return
+    for directory, mode in _opened.items():
+        with contextlib.suppress(OSError):
+            directory.chmod(mode)
 
 
 def ensure_users(names: Iterable[str], *, subordinate_ids: bool = True) -> list[User]:
