@@ -4,7 +4,7 @@ runs on), the real gateway and relay, real grading in a fresh sandbox. The model
 server, uni_agent.testing.scripted_llm) answering mini's `bash` tool calls: applying the task's gold patch resolves it
 (reward 1), submitting at once does not (reward 0).
 
-The venv is made once per machine by `python -m uni_agent.harness.prepare mini-swe-agent` (pip; cached under
+The venv is made once per machine by `uni-agent harness prepare mini-swe-agent` (pip; cached under
 ~/.cache/uni-agent/harness, or UNI_AGENT_HARNESS_VENV when set).
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from uni_agent.harness.prepare import MINI_SWE_AGENT_VERSION, prepare
 from uni_agent.tasks.swe_form import BUNDLED_DIR
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
 
+UNI_AGENT = Path(sys.executable).parent / "uni-agent"
 CONFIG = REPO_ROOT / "examples" / "harness" / "mini_swe_agent.yaml"
 INSTANCES = [json.loads(p.read_text()) for p in sorted(BUNDLED_DIR.glob("*/instance.json"))]
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -33,8 +36,23 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 @pytest.fixture(scope="session")
 def mini_venv() -> Path:
+    """Made as the docs say, with the CLI (which prints the directory); a second call finds it made."""
     given = os.environ.get("UNI_AGENT_HARNESS_VENV")
-    return Path(given) if given else prepare("mini-swe-agent")
+    if given:
+        return Path(given)
+    made = subprocess.run([str(UNI_AGENT), "harness", "prepare", "mini-swe-agent"], capture_output=True, text=True,
+                          timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    venv = Path(made.stdout.strip())
+    assert (venv / "bin" / "mini").exists() and venv == prepare("mini-swe-agent")
+    return venv
+
+
+def test_prepare_names_the_known_recipes_for_an_unknown_one() -> None:
+    done = subprocess.run([str(UNI_AGENT), "harness", "prepare", "no-such-harness"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "no recipe named 'no-such-harness'" in done.stderr and "mini-swe-agent" in \
+        done.stderr, done.stderr
 
 
 def agents(venv: Path) -> AgentConfigs:

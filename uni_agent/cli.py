@@ -225,6 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
                                             "cluster/): `uni-agent tls init [DIR]`")
     add_tls_arguments(tls_parser)
     tls_parser.set_defaults(func=cmd_tls)
+    from .harness.prepare import add_arguments as add_prepare_arguments, cmd_prepare
+
+    harness_parser = sub.add_parser("harness", help="agent programs run as the agent: `uni-agent harness prepare "
+                                                    "mini-swe-agent` makes the environment to mount (docs/harness.md)")
+    harness_sub = harness_parser.add_subparsers(dest="harness_command", required=True)
+    prepare_parser = harness_sub.add_parser("prepare", help="make a harness program's venv for mounting into "
+                                                            "sandboxes; prints its directory")
+    add_prepare_arguments(prepare_parser)
+    prepare_parser.set_defaults(func=cmd_prepare)
     return parser
 
 

@@ -1,6 +1,6 @@
 """Prepared environments for harness programs: a venv made once on this host, mounted read-only into every sandbox.
 
-    python -m uni_agent.harness.prepare mini-swe-agent [--dir DIR] [--python /usr/bin/python3]
+    uni-agent harness prepare mini-swe-agent [--dir DIR] [--python /usr/bin/python3]
 
 prints the venv's directory; the agent config mounts it (examples/harness/mini_swe_agent.yaml):
 
@@ -78,21 +78,29 @@ def _step(argv: list[str], what: str) -> None:
         raise PrepareError(f"could not {what} (exit {done.returncode}): {(done.stderr or done.stdout)[-3000:]}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m uni_agent.harness.prepare",
-                                     description="make a harness program's environment for mounting into sandboxes")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help=f"a recipe ({', '.join(sorted(RECIPES))}) or a name for --packages")
     parser.add_argument("--dir", type=Path, help="where (default: ~/.cache/uni-agent/harness/NAME-VERSION)")
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="the Python the sandboxes run it with (default: /usr/bin/python3)")
     parser.add_argument("--packages", nargs="+", help="pip requirements, instead of the recipe's")
-    args = parser.parse_args(argv)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Print the prepared directory (mount it with the agent config's harness.mounts)."""
     try:
         print(prepare(args.name, args.dir, args.python, args.packages))
     except PrepareError as exc:
         print(f"uni-agent harness prepare: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uni_agent.harness.prepare",
+                                     description="make a harness program's environment for mounting into sandboxes")
+    add_arguments(parser)
+    return cmd_prepare(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

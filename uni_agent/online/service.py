@@ -34,7 +34,7 @@ from ..dashboard import UniAgentDashboard
 from ..driver.cluster import cluster_client, sandbox_workers, verification_placement
 from ..driver.dataset import build_specs
 from ..driver.dispatch import Dispatcher
-from ..driver.inputs import resolve_path
+from ..driver.inputs import agent_overrides, resolve_path
 from ..driver.policy import DispatchPolicy
 from ..driver.results import ResultStore
 from ..engines import start_engines
@@ -80,9 +80,7 @@ class RolloutService:
         self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         agents = agent_config if isinstance(agent_config, AgentConfigs) else AgentConfigs.load(
             resolve_path(agent_config or settings.agent_config_path))
-        if settings.max_turns is not None:
-            agents = agents.override_all({"interaction": {"max_turns": settings.max_turns}})
-        self.agents = agents
+        self.agents = agents.override_all(agent_overrides(settings))  # as a batch run applies the run's settings
         register_secret(settings.api_key_value())
         log_dir = self.output_dir / "logs"
         configure_logging(log_dir, "driver", settings.log_level)
