@@ -87,6 +87,30 @@ def test_a_rollout_runs_at_most_three_times_then_gives_up_with_the_last_error():
     assert policy.in_flight == {"a0": 0, "a1": 0}
 
 
+def test_an_unreachable_actor_does_not_count_as_an_attempt():
+    """Calls that failed because the actor could not be reached (its worker died; the scheduler may not know yet)
+    interrupted the rollout: it runs again, whatever the number of attempts; the rollout's own failures still count."""
+    policy = two_actors()
+    for _ in range(5):  # more losses than attempts: each worker died under it, or the call found it dead
+        step = policy.next_step("r0")
+        assert isinstance(step, Send)
+        assert policy.call_failed("r0", step.actor, "OSError: Unable to contact Actor's worker", live={W1, W2},
+                                  unreachable=True) == Retry()
+    assert isinstance(policy.next_step("r0"), Send)
+    assert policy.errors == {} and len(policy.losses["r0"]) == 5
+    policy.rollout_done("r0", "a0")
+    assert policy.losses == {}
+
+
+def test_a_rollout_that_keeps_losing_its_worker_gives_up_at_the_larger_bound():
+    policy = two_actors(losses_allowed=4)
+    for attempt in range(4):
+        step = policy.next_step("r0")
+        policy.call_failed("r0", step.actor, f"lost {attempt}", live={W1, W2}, unreachable=True)
+    assert policy.next_step("r0") == GiveUp("its agent worker could not be reached 4 times; last: lost 3")
+    assert policy.losses == {} and policy.errors == {}
+
+
 def test_a_success_after_failures_forgets_them():
     policy = two_actors(attempts=2)
     policy.call_failed("r0", policy.next_step("r0").actor, "boom", live={W1, W2})

@@ -25,7 +25,7 @@ from ..settings import RunSettings
 from ..grading import Verification, verify_patch
 from ..grading.verification import VerificationStatus, no_result
 from .cluster import sandbox_workers
-from .mailbox import Mailboxes
+from .mailbox import ActorUnreachable, Mailboxes
 from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor
 from .pool import ActorPool
 from .progress import Progress, RolloutEvents
@@ -33,6 +33,8 @@ from .progress import Progress, RolloutEvents
 log = structlog.get_logger("uni_agent.driver")
 WRITE_RETRY_S = 5.0  # while results cannot be written, how often the dispatcher tries again
 VERIFY_MARGIN_S = 120  # on top of the grader's own bounds: a verification future that never reports gives up then
+UNREACHABLE_PAUSE_S = 1.0  # an unreachable actor whose worker the scheduler still lists: it is most often dying, and
+# the scheduler says so a moment later; sent again at once, the rollout would only fail on it again
 
 
 class AgentWorkersLost(RuntimeError):
@@ -181,12 +183,17 @@ class Dispatcher:
             except asyncio.CancelledError:  # its caller cancelled it (the online service): no longer in flight
                 self.policy.rollout_done(spec.key, step.actor)
                 raise
-            except Exception as exc:  # the actor or its worker failed, not the rollout: the policy says what next
+            except Exception as exc:  # the actor, its worker or the rollout inside failed: the policy says what next
                 error = redact(f"{type(exc).__name__}: {exc}")
-                log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout, error=error)
-                decision = self.policy.call_failed(spec.key, step.actor, error, await self.pool.live_workers())
+                unreachable = isinstance(exc, ActorUnreachable)  # an interrupted rollout, not a failed one
+                log.warning("actor_call_failed", instance_id=spec.instance_id, rollout=spec.rollout, error=error,
+                            unreachable=unreachable)
+                decision = self.policy.call_failed(spec.key, step.actor, error, await self.pool.live_workers(),
+                                                   unreachable=unreachable)
                 if isinstance(decision, Replace) and not await self._replace(decision.actor):
                     raise AgentWorkersLost() from exc
+                if unreachable and not isinstance(decision, Replace):
+                    await asyncio.sleep(UNREACHABLE_PAUSE_S)
                 continue
             self.policy.rollout_done(spec.key, step.actor)
             return result

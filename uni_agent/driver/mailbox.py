@@ -5,7 +5,8 @@ call per rollout would cap a driver at 512 rollouts in flight whatever the agent
 1,000 would run 2 x 256 at a time; `uni-agent bench --simulate` measures it) and cost a TCP connection per rollout.
 So the driver hands specs over in batches (`AgentWorker.start_rollouts` returns at once) and one long poll per actor
 (`AgentWorker.collect`) brings finished results back in batches. A failed call (the actor's worker died) fails every
-rollout waiting on that actor, and the dispatcher retries them elsewhere.
+rollout waiting on that actor with ActorUnreachable, and the dispatcher runs them again elsewhere without counting
+it against them: the worker, not the rollout, failed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class ActorCallError(RuntimeError):
     """The actor, or the rollout inside it, failed (the message says which and why)."""
 
 
+class ActorUnreachable(ActorCallError):
+    """A call to the actor itself failed (its worker died or cannot be reached): the rollouts waiting on it were
+    interrupted, not failed."""
+
+
 class ActorMailbox:
     def __init__(self, actor: Any, poll_s: float = POLL_S):
         self.actor, self.poll_s = actor, poll_s
@@ -34,7 +40,7 @@ class ActorMailbox:
 
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         if self.failed is not None:
-            raise ActorCallError(self.failed)
+            raise ActorUnreachable(self.failed)
         future: asyncio.Future[RolloutResult] = asyncio.get_running_loop().create_future()
         self.pending[spec.key] = future
         self.outbox.append(spec)
@@ -77,7 +83,7 @@ class ActorMailbox:
         self.failed = f"{type(exc).__name__}: {exc}"
         for future in self.pending.values():
             if not future.done():
-                future.set_exception(ActorCallError(self.failed))
+                future.set_exception(ActorUnreachable(self.failed))
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -10,7 +10,11 @@ The rules:
 * a rollout goes to the actor with the fewest rollouts in flight (the first started, on a tie);
 * a failed call whose actor's worker the scheduler still knows is retried (the actor may be fine: the connection, or
   the rollout inside it, failed); one whose worker is gone replaces the actor first;
-* a rollout runs at most `attempts` times, then it is recorded as an infra failure with the last error;
+* a rollout runs at most `attempts` times, then it is recorded as an infra failure with the last error; a call that
+  failed because the actor could not be reached (its worker died, or is dying and the scheduler does not know yet)
+  is the infrastructure's failure, not the rollout's: it is not counted there (a rollout interrupted by a lost worker
+  runs again, however many workers are lost around it), only against the much larger `losses_allowed`, the bound on
+  a rollout that takes down every worker it runs on;
 * actors are replaced up to `actors_wanted`, one at a time, each on the live sandbox worker holding the fewest; with
   no actor left, the dispatcher waits up to `worker_wait_timeout` for a worker to come back, then gives up the run.
 """
@@ -20,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-ACTOR_RETRIES = 2  # a rollout whose actor call failed (worker lost) runs again on another actor
+ACTOR_RETRIES = 2  # a rollout that failed inside its actor runs again, on the same or another actor
+LOSSES_ALLOWED = 10  # a rollout whose actor was unreachable this many times is taken for the cause: it gives up
 ACTOR_START_TIMEOUT = 60.0  # an actor pinned to a worker that died before the scheduler noticed never starts
 MIN_START_TIMEOUT = 5.0  # a replacement's start is given at least this long, even at the end of the wait
 
@@ -48,7 +53,8 @@ class GiveUp:
 
 @dataclass(frozen=True)
 class Retry:
-    """The call failed but its actor's worker is alive: run the rollout again (next_step says where)."""
+    """The call failed but the scheduler still knows its actor's worker: run the rollout again (next_step says
+    where)."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +90,15 @@ class NoWorkerCameBack:
 
 
 class DispatchPolicy:
-    def __init__(self, actors_wanted: int, worker_wait_timeout: float, attempts: int = ACTOR_RETRIES + 1):
+    def __init__(self, actors_wanted: int, worker_wait_timeout: float, attempts: int = ACTOR_RETRIES + 1,
+                 losses_allowed: int = LOSSES_ALLOWED):
         self.actors_wanted = max(1, actors_wanted)
         self.worker_wait_timeout = worker_wait_timeout
-        self.attempts = attempts
+        self.attempts, self.losses_allowed = attempts, losses_allowed
         self.placed: dict[str, str] = {}  # actor -> the worker it runs on, in the order they started
         self.in_flight: dict[str, int] = {}  # actor -> rollouts sent to it and not back
         self.errors: dict[Hashable, list[str]] = {}  # rollout -> the errors of its failed attempts so far
+        self.losses: dict[Hashable, list[str]] = {}  # rollout -> the errors of its calls to an unreachable actor
         self.wait_until = 0.0  # the end of the current wait for a worker (replacement_begins)
 
     # -- actors ----------------------------------------------------------------------------------------------------
@@ -118,10 +126,11 @@ class DispatchPolicy:
 
     def next_step(self, rollout: Hashable) -> Send | NeedActor | GiveUp:
         """What to do with a rollout about to run (again). Send counts it in flight on that actor."""
-        errors = self.errors.get(rollout, [])
-        if len(errors) >= self.attempts:
-            del self.errors[rollout]
-            return GiveUp(errors[-1])
+        errors, losses = self.errors.get(rollout, []), self.losses.get(rollout, [])
+        if len(errors) >= self.attempts or len(losses) >= self.losses_allowed:
+            self._forget(rollout)
+            return GiveUp(errors[-1] if len(errors) >= self.attempts else
+                          f"its agent worker could not be reached {len(losses)} times; last: {losses[-1]}")
         if not self.placed:
             return NeedActor()
         actor = min(self.placed, key=lambda a: self.in_flight.get(a, 0))
@@ -131,17 +140,23 @@ class DispatchPolicy:
     def rollout_done(self, rollout: Hashable, actor: str) -> None:
         """The actor returned the rollout's result."""
         self._back(actor)
-        self.errors.pop(rollout, None)
+        self._forget(rollout)
 
-    def call_failed(self, rollout: Hashable, actor: str, error: str, live: Iterable[str]) -> Retry | Replace:
-        """The actor call failed with `error` while the scheduler knew the workers `live`."""
+    def call_failed(self, rollout: Hashable, actor: str, error: str, live: Iterable[str],
+                    unreachable: bool = False) -> Retry | Replace:
+        """The actor call failed with `error` while the scheduler knew the workers `live`. `unreachable`: the actor
+        could not be reached (rather than the rollout failing inside it), which does not count as an attempt."""
         self._back(actor)
-        self.errors.setdefault(rollout, []).append(error)
+        (self.losses if unreachable else self.errors).setdefault(rollout, []).append(error)
         return Retry() if self.placed.get(actor) in set(live) else Replace(actor)
 
     def rollout_abandoned(self, rollout: Hashable) -> None:
         """The rollout will not run (no worker came back): forget it."""
+        self._forget(rollout)
+
+    def _forget(self, rollout: Hashable) -> None:
         self.errors.pop(rollout, None)
+        self.losses.pop(rollout, None)
 
     def _back(self, actor: str) -> None:
         self.in_flight[actor] = self.in_flight.get(actor, 0) - 1
