@@ -491,13 +491,18 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def is_supervisor(cmdline: bytes) -> bool:
+    """The sandbox supervisor's command line: its source (-c), or its compiled file (a sandbox over the host's root)."""
+    return b"uni-agent sandbox supervisor" in cmdline or b"/uni-agent-sandbox-supervisor.pyc\0" in cmdline
+
+
 def only_the_sandbox_itself(pids: list[int]) -> bool:
     commands = []
     for pid in pids:
         with contextlib.suppress(OSError):
             commands.append(Path(f"/proc/{pid}/cmdline").read_bytes())
     bwraps = [c for c in commands if c.startswith(b"bwrap\0")]
-    supervisors = [c for c in commands if b"uni-agent sandbox supervisor" in c and c not in bwraps]
+    supervisors = [c for c in commands if is_supervisor(c) and c not in bwraps]
     shells = [c for c in commands if c.endswith(b"/run/uni-agent/run.sh\0")]
     return len(bwraps) == 2 and len(supervisors) == 1 and len(shells) <= 1 and len(commands) <= 4
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 from test_sandbox_container import image  # noqa: F401 - the podman test image, a session fixture
-from test_sandbox_local import processes_with, wait_until_gone
+from test_sandbox_local import is_supervisor, processes_with, wait_until_gone
 
 from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
 from uni_agent.sandbox import Sandbox, SandboxError, make_sandbox
@@ -108,6 +108,23 @@ def test_cwd_exports_and_unset_persist(open_sandbox: Callable[..., Sandbox]) -> 
     assert with_box(open_sandbox, body) == b"/testbed/d\n1-unset-3\n"
 
 
+def test_a_command_starts_as_from_a_plain_shell(open_sandbox: Callable[..., Sandbox]) -> None:
+    """The supervisor starts each command's shell itself (fork and exec): the command gets default SIGPIPE (a pipe
+    reader that quits ends `yes`), no descriptor but its three pipes, and a session of its own."""
+
+    async def body(box: Sandbox) -> list[bytes]:
+        pipe = await box.exec("yes | head -n 1; echo ${PIPESTATUS[@]}", 10)
+        fds = await box.exec("ls /proc/self/fd | sort -n | tr '\\n' ' '", 10)
+        session = await box.exec("ps_sid() { awk '{print $6}' /proc/$1/stat; }; echo $(ps_sid $$) $$", 10)
+        return [pipe.stdout, fds.stdout, session.stdout]
+
+    pipe, fds, session = with_box(open_sandbox, body)
+    assert pipe == b"y\n141 0\n"  # yes died of SIGPIPE (128 + 13), as in any shell
+    assert fds.split() == [b"0", b"1", b"2", b"3"], fds  # 3: the directory `ls` reads
+    sid, pid = session.split()
+    assert sid == pid, session  # the shell leads its own session (so a timeout kills its group, nothing else)
+
+
 def test_a_timeout_kills_only_its_own_command(open_sandbox: Callable[..., Sandbox]) -> None:
     async def body(box: Sandbox) -> tuple[Any, ...]:
         await box.exec("sleep 300 > /dev/null 2>&1 &", 10)
@@ -153,7 +170,7 @@ def test_a_killed_supervisor_is_a_clear_error_never_a_hang(open_sandbox: Callabl
 def _supervisor_above(pid: int) -> int:
     """The sandbox supervisor among the ancestors of a process (host pids)."""
     while pid > 1:
-        if b"uni-agent sandbox supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if is_supervisor(Path(f"/proc/{pid}/cmdline").read_bytes()):
             return pid
         pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     raise AssertionError("no supervisor above the command")
@@ -177,3 +194,37 @@ def test_a_thousand_commands_do_not_grow_fds_or_memory(open_sandbox: Callable[..
     fds_after, rss_after = last
     assert fds_after <= fds_before, (first, last)
     assert rss_after - rss_before < 2048, (first, last)  # kB: no per-command growth
+
+
+@pytest.mark.parametrize("method", ["posix_spawn", "fork"])
+def test_the_supervisors_child_starts_alike_either_way(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Python lacks posix_spawn (< 3.8, an old image) the supervisor forks: the shell it starts must look the
+    same, a session leader with default SIGPIPE, its stdio on pipes and the passed fd open, nothing else."""
+    from uni_agent.sandbox import supervisor
+
+    if method == "fork":
+        monkeypatch.delattr(supervisor.os, "posix_spawn")
+    inheritable_before = {fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _inheritable(fd)}
+    passed_r, passed_w = os.pipe()
+    script = ('read -r line <&"$PASSED"; echo "$line"; awk \'{print $6 == $1}\' /proc/$$/stat; '
+              'grep SigIgn /proc/$$/status; ls /proc/$$/fd | sort -n | tr "\\n" " "; echo err >&2')
+    child = supervisor.Child(["/bin/bash", "-c", script], {"PASSED": str(passed_r)}, passed_r)
+    os.close(passed_r)
+    os.write(passed_w, b"through the passed fd\n")
+    os.close(passed_w)
+    child.stdin.close()
+    out, err = child.stdout.read(), child.stderr.read()
+    _, status = os.waitpid(child.pid, 0)
+    lines = out.decode().splitlines()
+    assert status == 0 and err == b"err\n", (status, err)
+    assert lines[0] == "through the passed fd" and lines[1] == "1", lines  # its own session
+    assert int(lines[2].split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, lines[2]  # SIGPIPE not ignored
+    # Beyond its stdio and the passed fd, only what this (pytest's) process had made inheritable before.
+    assert set(map(int, lines[3].split())) - {0, 1, 2, passed_r} == inheritable_before, lines[3]
+
+
+def _inheritable(fd: int) -> bool:
+    try:
+        return os.get_inheritable(fd)
+    except OSError:  # the fd listdir itself used, closed since
+        return False

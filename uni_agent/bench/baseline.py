@@ -88,8 +88,8 @@ def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:
 
 
 SANDBOX_COLUMNS = [("tree", 22, "{}"), ("backend", 7, "{}"), ("true p50 ms", 11, "{:.2f}"),
-                   ("true p95 ms", 11, "{:.2f}"), ("machine CPU ms/cmd", 18, "{:.2f}"),
-                   ("MiB/live sandbox", 16, "{}"), ("start s", 7, "{:.3f}")]
+                   ("true p95 ms", 11, "{:.2f}"), ("machine CPU ms/cmd", 18, "{:.2f}"), ("own CPU ms/cmd", 14, "{}"),
+                   ("MiB/live sandbox", 16, "{}"), ("start p50 ms", 12, "{}"), ("own CPU ms/start", 16, "{}")]
 
 
 def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -97,9 +97,14 @@ def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     lines = [head, "-" * len(head)]
     for label, f in rows:
         values = [label, f["backend"], f["rtt_p50_ms"], f["rtt_p95_ms"], f["machine_cpu_ms_per_command"],
-                  "-" if f["memory_mib_per_sandbox"] is None else f"{f['memory_mib_per_sandbox']:.1f}", f["start_s"]]
+                  _figure(f.get("own_cpu_ms_per_command"), "{:.2f}"), _figure(f["memory_mib_per_sandbox"], "{:.1f}"),
+                  _figure(f.get("start_p50_ms"), "{:.1f}"), _figure(f.get("own_cpu_ms_per_start"), "{:.1f}")]
         lines.append(" | ".join(fmt.format(v).rjust(width) for (_, width, fmt), v in zip(SANDBOX_COLUMNS, values)))
     return lines
+
+
+def _figure(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("framework_cpu_ms_per_turn", "{:.2f}"),

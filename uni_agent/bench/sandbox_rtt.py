@@ -11,18 +11,28 @@ Figures:
   (everything a command costs: this process, the supervisor or the per-command process chain, the kernel).
 - memory per live sandbox: MemAvailable before minus after starting `sandboxes` sandboxes (and running one command in
   each), divided by their number: supervisor, bwrap, holders, page tables, the overlay's dentries, whatever it is.
+- start: `starts` sandboxes started, given one `true` and closed, one after another: wall p50 of the start, and the
+  CPU of the whole cycle per sandbox (what a wave of sandboxes costs the machine).
+- own CPU: where this process can make a cgroup v1 cpuacct group of its own (root), the CPU per command and per start
+  is read from it as well: this process and everything it started, orphans included (bwrap's children outlive their
+  parent and rusage loses them), and nothing of what else runs on the machine. Elsewhere those columns are "-".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
+
+CPUACCT = "/sys/fs/cgroup/cpuacct"  # cgroup v1; on v2 the sandboxes' pids cgroups would take them out of ours
 
 
 TASK = "uni-agent__romanum-4"  # the bundled task the rollout bench uses too (bench/ours.py)
@@ -43,6 +53,34 @@ def mem_available_bytes() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
+def own_cgroup_cpu() -> Callable[[], float] | None:
+    """CPU seconds of this process and all it starts from now on, from a cpuacct cgroup made for it (left at exit);
+    None where none can be made. Self-contained: this file runs against older trees (--baseline)."""
+    group = os.path.join(CPUACCT, f"uni-agent-bench-{os.getpid()}")
+    try:
+        os.mkdir(group)
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(group)
+        return None
+
+    def leave() -> None:
+        with contextlib.suppress(OSError):
+            with open(os.path.join(CPUACCT, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rmdir(group)  # fails while a child is still in it; the kernel keeps an empty group harmlessly
+
+    atexit.register(leave)
+
+    def read() -> float:
+        with open(os.path.join(group, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    return read
+
+
 def deployment(backend: str, image: str | None) -> Any:
     from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
 
@@ -51,10 +89,12 @@ def deployment(backend: str, image: str | None) -> Any:
     return ContainerDeploymentConfig(type=backend, image=image, pull="never", repo=f"bundled:{TASK}")
 
 
-async def measure(backend: str, image: str | None, commands: int, sandboxes: int) -> dict[str, Any]:
+async def measure(backend: str, image: str | None, commands: int, sandboxes: int, starts: int = 30,
+                  own_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
     from uni_agent.sandbox import make_sandbox
 
     config = deployment(backend, image)
+    own = own_cpu or (lambda: float("nan"))
     box = make_sandbox(config, {}, "rtt")
     t0 = time.monotonic()
     await box.start()
@@ -63,7 +103,7 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
         for _ in range(20):  # warm up: caches, the first command's state
             await box.exec("true", 30)
         round_trips = []
-        cpu0 = machine_cpu_seconds()
+        cpu0, own0 = machine_cpu_seconds(), own()
         for _ in range(commands):
             started = time.perf_counter()
             result = await box.exec("true", 30)
@@ -71,8 +111,22 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
             if result.exit_code != 0:
                 raise RuntimeError(f"`true` failed in the sandbox: {result}")
         cpu_per_command = (machine_cpu_seconds() - cpu0) / commands
+        own_per_command = (own() - own0) / commands
     finally:
         await box.close()
+    start_walls = []
+    cpu0, own0 = machine_cpu_seconds(), own()
+    for i in range(starts):
+        one = make_sandbox(config, {}, f"start{i}")
+        t0 = time.monotonic()
+        await one.start()
+        start_walls.append(time.monotonic() - t0)
+        try:
+            await one.exec("true", 30)
+        finally:
+            await one.close()
+    cpu_per_start = (machine_cpu_seconds() - cpu0) / max(starts, 1)
+    own_per_start = (own() - own0) / max(starts, 1)
     round_trips.sort()
     memory_per_sandbox = None
     if sandboxes:
@@ -97,6 +151,11 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
         "machine_cpu_ms_per_command": round(1000 * cpu_per_command, 3),
         "sandboxes": sandboxes,
         "memory_mib_per_sandbox": None if memory_per_sandbox is None else round(memory_per_sandbox / 2**20, 2),
+        "starts": starts,
+        "start_p50_ms": round(1000 * statistics.median(start_walls), 2) if start_walls else None,
+        "machine_cpu_ms_per_start": round(1000 * cpu_per_start, 2),
+        "own_cpu_ms_per_command": None if own_cpu is None else round(1000 * own_per_command, 3),
+        "own_cpu_ms_per_start": None if own_cpu is None else round(1000 * own_per_start, 2),
     }
 
 
@@ -106,8 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--image", default=None, help="the container image (podman/docker)")
     parser.add_argument("--commands", type=int, default=500)
     parser.add_argument("--sandboxes", type=int, default=32, help="live sandboxes for the memory figure (0: skip)")
+    parser.add_argument("--starts", type=int, default=30, help="start-true-close cycles one after another")
     args = parser.parse_args(argv)
-    figures = asyncio.run(measure(args.backend, args.image, args.commands, args.sandboxes))
+    own_cpu = own_cgroup_cpu()  # before anything starts, so all of it is counted
+    figures = asyncio.run(measure(args.backend, args.image, args.commands, args.sandboxes, args.starts, own_cpu))
     json.dump(figures, sys.stdout)
     print()
 

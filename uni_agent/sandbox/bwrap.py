@@ -18,8 +18,10 @@ from pathlib import Path
 
 from .image_store import ImageRootfs
 from .repo import PACKAGE_DIR
-from .session import supervisor_argv, supervisor_shell_argv
+from .session import compiled_supervisor, supervisor_argv, supervisor_file_argv, supervisor_shell_argv
 
+# In the sandbox's state dir: its own copy, so no sandbox can touch another's. Its name says what the process is.
+SUPERVISOR_PYC = "uni-agent-sandbox-supervisor.pyc"
 IMAGE_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -47,7 +49,7 @@ def bwrap_argv(mounts: Mounts, workdir: str, state_dir: str, image: ImageRootfs 
     if image is None:
         args += _host_root(mounts)
         env = _host_env()
-        supervisor = supervisor_argv(_supervisor_python(), state_dir)
+        supervisor = _host_supervisor(mounts.state, state_dir)
     else:
         args += ["--bind", str(mounts.root), "/", "--proc", "/proc", "--dev", "/dev"]
         env = _image_env(image)
@@ -85,7 +87,18 @@ def _host_root(mounts: Mounts) -> list[str]:
 def _python_dirs() -> list[str]:
     """Directories the sandbox needs read-only so that `python` (with pytest) works inside it."""
     dirs = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)}
-    return sorted(d for d in dirs if not d.startswith("/usr/"))
+    return sorted(d for d in dirs if d != "/usr" and not d.startswith("/usr/"))  # /usr is bound already
+
+
+def _host_supervisor(state_on_host: Path, state_dir: str) -> list[str]:
+    """The supervisor's command line in a sandbox over the host's root: from a .pyc put in its state dir where the
+    host's python3 is the interpreter running us, else from source."""
+    python = _supervisor_python()
+    compiled = compiled_supervisor(python)
+    if compiled is None:
+        return supervisor_argv(python, state_dir)
+    (state_on_host / SUPERVISOR_PYC).write_bytes(compiled)
+    return supervisor_file_argv(python, f"{state_dir}/{SUPERVISOR_PYC}", state_dir)
 
 
 def _supervisor_python() -> str:

@@ -35,11 +35,14 @@ stdin ends the supervisor and every process group it started (its owner is gone)
 """
 
 import os
-import selectors
-import signal
-import subprocess
+import select
 import sys
 import time
+
+try:  # the C module: `signal`, `selectors` and `subprocess` import enum, re, collections and more, which doubled
+    import _signal as signal  # the supervisor's start-up; this file uses only what C modules and `os` provide
+except ImportError:
+    import signal
 
 CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # per stream; the rest is counted, not kept (a `yes` must not eat memory)
 READ_CHUNK = 65536
@@ -66,6 +69,103 @@ unset __ua_go
 trap __ua_save_state EXIT
 source "$0.cmd"
 """
+
+
+class Poller:
+    """What the supervisor needs of `selectors` (register, modify, unregister, select), on select.poll."""
+
+    READ, WRITE = 1, 2
+
+    def __init__(self):
+        self.poll = select.poll()
+        self.keys = {}  # fd -> Key
+
+    def register(self, fileobj, events, data):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        self.keys[fd] = Key(fileobj, events, data)
+        self.poll.register(fd, (select.POLLIN if events & self.READ else 0) |
+                           (select.POLLOUT if events & self.WRITE else 0))
+
+    def modify(self, fileobj, events, data):
+        self.unregister(fileobj)
+        self.register(fileobj, events, data)
+
+    def unregister(self, fileobj):
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        del self.keys[fd]
+        self.poll.unregister(fd)
+
+    def select(self, timeout):
+        ready = []
+        # Milliseconds rounded up: rounded down, a deadline less than 1 ms away would spin until it passed.
+        for fd, flags in self.poll.poll(None if timeout is None else max(int(-(-timeout * 1000 // 1)), 0)):
+            key = self.keys.get(fd)
+            if key is None:
+                continue
+            # As selectors does: hang-up and error wake a reader and a writer alike, so each learns of it.
+            events = (self.WRITE if flags & ~select.POLLIN else 0) | (self.READ if flags & ~select.POLLOUT else 0)
+            if events & key.events:
+                ready.append((key, events & key.events))
+        return ready
+
+
+class Key:
+    def __init__(self, fileobj, events, data):
+        self.fileobj = fileobj
+        self.events = events
+        self.data = data
+
+
+class Child:
+    """A shell in a session of its own with its stdin, stdout and stderr on pipes. Started with posix_spawn (a vfork:
+    a fork would copy this process's page tables and then fault on every page it writes while the child execs),
+    else, before Python 3.8, with fork and exec."""
+
+    def __init__(self, argv, env, pass_fd):
+        ends = []
+        try:
+            for _ in range(3):
+                ends.append(os.pipe())  # non-inheritable (PEP 446): exec closes every fd but 0-2 and pass_fd
+            self.pid = self.spawn(argv, env, pass_fd, [ends[0][0], ends[1][1], ends[2][1]])
+        except OSError:  # out of fds or processes: nothing of it stays open
+            for fd in (fd for pair in ends for fd in pair):
+                os.close(fd)
+            raise
+        self.returncode = None
+        os.close(ends[0][0])
+        os.close(ends[1][1])
+        os.close(ends[2][1])
+        self.stdin = os.fdopen(ends[0][1], "wb", buffering=0)
+        self.stdout = os.fdopen(ends[1][0], "rb", buffering=0)
+        self.stderr = os.fdopen(ends[2][0], "rb", buffering=0)
+
+    @staticmethod
+    def spawn(argv, env, pass_fd, stdio):
+        # Python ignores these two; a command must not inherit that (`yes | head` ends `yes` with SIGPIPE).
+        default = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)]
+        if hasattr(os, "posix_spawn"):
+            os.set_inheritable(pass_fd, True)  # only while spawning: the caller closes it right after
+            try:
+                return os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=default,
+                                      file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
+                                                    for target, fd in enumerate(stdio)])
+            except NotImplementedError:  # a libc without POSIX_SPAWN_SETSID
+                pass
+            finally:
+                os.set_inheritable(pass_fd, False)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                for target, fd in enumerate(stdio):
+                    os.dup2(fd, target)
+                os.set_inheritable(pass_fd, True)
+                for signum in default:
+                    signal.signal(signum, signal.SIG_DFL)
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        return pid
 
 
 class Shell:
@@ -97,7 +197,7 @@ class Supervisor:
         self.state_dir = state_dir
         self.end_of_life = time.monotonic() + lifetime_s if lifetime_s > 0 else None
         self.run_script = os.path.join(state_dir, "run.sh")
-        self.selector = selectors.DefaultSelector()
+        self.selector = Poller()
         self.inbox = bytearray()
         self.current = None
         self.spare = None  # the next command's shell, started ahead
@@ -113,8 +213,8 @@ class Supervisor:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         os.set_blocking(self.stdin_fd, False)
-        self.selector.register(self.stdin_fd, selectors.EVENT_READ, ("inbox", None))
-        self.selector.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        self.selector.register(self.stdin_fd, Poller.READ, ("inbox", None))
+        self.selector.register(self.wake_r, Poller.READ, ("wake", None))
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def serve(self):
@@ -246,10 +346,10 @@ class Supervisor:
         current = self.current = Command(request, proc, stdin_data)
         for stream, kind in ((proc.stdout, "out"), (proc.stderr, "err")):
             os.set_blocking(stream.fileno(), False)
-            self.selector.register(stream, selectors.EVENT_READ, (kind, current))
+            self.selector.register(stream, Poller.READ, (kind, current))
         if stdin_data:
             os.set_blocking(proc.stdin.fileno(), False)
-            self.selector.register(proc.stdin, selectors.EVENT_WRITE, ("stdin", current))
+            self.selector.register(proc.stdin, Poller.WRITE, ("stdin", current))
         else:
             proc.stdin.close()  # the command reads end of file, as from /dev/null
 
@@ -271,13 +371,14 @@ class Supervisor:
     def start_shell(self):
         """Start the next command's shell now, so that its start-up is not on the next command's round trip."""
         control_r, control_w = os.pipe()
-        proc = subprocess.Popen(
-            [self.bash, "--noprofile", "--norc", self.run_script],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={"UA_STATE": self.state_dir, "UA_CTL": str(control_r)}, start_new_session=True,
-            close_fds=True, pass_fds=(control_r,),
-        )
-        os.close(control_r)
+        try:
+            proc = Child([self.bash, "--noprofile", "--norc", self.run_script],
+                         {"UA_STATE": self.state_dir, "UA_CTL": str(control_r)}, control_r)
+        except OSError:
+            os.close(control_w)
+            raise
+        finally:
+            os.close(control_r)
         self.groups.add(proc.pid)
         self.children[proc.pid] = proc
         return Shell(proc, control_w)
@@ -465,7 +566,7 @@ class Relay:
         except OSError:
             listener.close()
             raise
-        self.selector.register(listener, selectors.EVENT_READ, ("listener", listener))
+        self.selector.register(listener, Poller.READ, ("listener", listener))
         self.supervisor.send("listening %d %d" % (request_id, listener.getsockname()[1]))
 
     def accept(self, listener):
@@ -481,9 +582,9 @@ class Relay:
         self.update(connection)
 
     def ready(self, connection, events):
-        if events & selectors.EVENT_READ:
+        if events & Poller.READ:
             self.read(connection)
-        if events & selectors.EVENT_WRITE and connection.id in self.connections:
+        if events & Poller.WRITE and connection.id in self.connections:
             self.flush(connection)
 
     def read(self, connection):
@@ -541,8 +642,8 @@ class Relay:
             connection.sock.close()
             del self.connections[connection.id]
             return
-        mask = (selectors.EVENT_READ if connection.reading else 0) | (
-            selectors.EVENT_WRITE if connection.pending and not connection.broken else 0)
+        mask = (Poller.READ if connection.reading else 0) | (
+            Poller.WRITE if connection.pending and not connection.broken else 0)
         if mask == connection.mask:
             return
         if not mask:
