@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Debian's own Python (3.11 on Debian 12), not whichever python3 comes first on PATH: a pyenv or conda build under a
+# home directory makes a venv that no other user can run (the project's tests run parts as other users), and it is
+# not the Python the README promises. PYTHON=/path/to/python3 chooses another.
+PYTHON="${PYTHON:-$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )}"
+
 required=() optional=()
 command -v bwrap >/dev/null || required+=(bubblewrap)
 command -v git >/dev/null || required+=(git)
@@ -15,7 +20,7 @@ command -v unshare >/dev/null || required+=(util-linux)
 command -v cmake >/dev/null || required+=(cmake)
 command -v g++ >/dev/null || required+=(g++)
 command -v ninja >/dev/null || required+=(ninja-build)  # the llama-server build; it keeps per-file compile times
-python3 -c "import venv, ensurepip" 2>/dev/null || required+=(python3-venv)
+"$PYTHON" -c "import venv, ensurepip" 2>/dev/null || required+=(python3-venv)
 command -v umoci >/dev/null || optional+=(umoci)  # unpacks container images, only for local sandboxes with `image:`
 command -v newuidmap >/dev/null || optional+=(uidmap)  # without root: image owners and an image's User inside
 
@@ -41,7 +46,7 @@ elif [ ${#wanted[@]} -gt 0 ]; then
   fi
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/pip"
 
 # llama-server from the llama.cpp source that the pinned llama-cpp-python sdist vendors (uni_agent/engines/

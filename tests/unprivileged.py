@@ -70,7 +70,8 @@ def ensure_user(name: str, *, subordinate_ids: bool = True) -> User:
     _open_the_way()
     probe = run_python_as(existing, "import uni_agent")
     if probe.returncode != 0:
-        pytest.skip(f"{sys.executable} cannot import uni_agent as {name} (is the venv readable by everyone?): "
+        pytest.skip(f"{sys.executable} (-> {os.path.realpath(sys.executable)}) cannot import uni_agent as {name} "
+                    "(are the venv and its Python readable by everyone? examples/setup.sh uses /usr/bin/python3): "
                     f"{probe.stderr.strip()[-500:]}")
     return existing
 
