@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import select
 import time
 import uuid
@@ -672,6 +673,34 @@ def test_orphaned_sandbox_dirs_are_reaped(repo: Path, tmp_path: Path) -> None:
     (alive / local.OWNER_FILE).write_text(str(os.getpid()))
     assert local.reap_orphaned_sandboxes(root) == [orphan]
     assert not orphan.exists() and alive.exists() and foreign.exists()
+
+
+def test_a_removal_cut_short_leaves_a_dir_the_next_reap_finishes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed -9 while it removed a sandbox dir (its own at close, or a dead one's in a reap): what is left
+    still names its owner, so a later reap removes it; it never keeps only `state/`, which no reap would touch."""
+    from uni_agent.sandbox import leftovers, local
+
+    root = tmp_path / "sandboxes"
+    box = root / "box"
+    for sub in ("upper", "state", "tmp"):
+        (box / sub).mkdir(parents=True)
+    (box / "state" / "run.sh").write_text("x")
+    (box / local.OWNER_FILE).write_text(str(subprocess_pid_that_exited()))
+    removed = []
+
+    def killed_after_the_first(path: str) -> None:  # the worker dies during the second removal
+        if removed:
+            raise SystemExit("killed")
+        removed.append(path)
+        shutil.rmtree(path)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(leftovers, "remove_tree", killed_after_the_first)
+        with pytest.raises(SystemExit):
+            local.remove_sandbox_dir(box)
+    assert len(removed) == 1 and (box / local.OWNER_FILE).exists()
+    assert local.reap_orphaned_sandboxes(root) == [box] and not box.exists()
 
 
 OWNER_SCRIPT = """

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import threading
 import uuid
 from pathlib import Path
 
@@ -33,11 +32,12 @@ from .backend import SessionSandbox, Transport, process_transport
 from .base import ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv
 from .image_store import ImageLease, ImageRootfs, ImageStore
+from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir
 from .private_dir import make_private_subdir, sandbox_root
-from .process_limit import ProcessLimit, reap_orphaned_cgroups
+from .process_limit import ProcessLimit
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
 from .supervisor import CAPTURE_LIMIT_BYTES
-from .userns import NO_SUBORDINATE_IDS, UserNamespace, remove_tree, user_namespace
+from .userns import NO_SUBORDINATE_IDS, UserNamespace, user_namespace
 
 __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
 
@@ -45,52 +45,6 @@ log = structlog.get_logger("uni_agent.sandbox")
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
-
-
-OWNER_FILE = "owner.pid"
-
-
-def reap_orphaned_sandboxes(root: Path) -> list[Path]:
-    """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
-
-    Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
-    sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
-    last one. Kept cheap with a thousand sandboxes under the root (a read per dir per start would be O(n^2) in all):
-    each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
-    that finds another one running in this process returns at once (that one is as recent)."""
-    if not _reap_lock.acquire(blocking=False):
-        return []
-    try:
-        removed = []
-        prefix = os.path.join(root, "")  # plain strings: a Path per dir per start is what costs with 1000 dirs
-        names = os.listdir(root)
-        listed = {prefix + name for name in names}
-        for gone in [key for key in _owners if key.startswith(prefix) and key not in listed]:
-            del _owners[gone]
-        alive: dict[int, bool] = {}
-        for name in names:
-            key = prefix + name
-            owner = _owners.get(key)
-            if owner is None:
-                try:
-                    with open(os.path.join(key, OWNER_FILE)) as f:
-                        owner = _owners[key] = int(f.read())
-                except (OSError, ValueError):
-                    continue  # not ours, or still being created
-            if owner not in alive:
-                alive[owner] = os.path.exists(f"/proc/{owner}")
-            if not alive[owner]:
-                remove_tree(key)
-                removed.append(root / name)
-                _owners.pop(key, None)
-        reap_orphaned_cgroups()  # machine-wide: also those of sandboxes under another root
-        return removed
-    finally:
-        _reap_lock.release()
-
-
-_reap_lock = threading.Lock()
-_owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
 
 
 def image_store() -> ImageStore:
@@ -268,7 +222,7 @@ class LocalSandbox(SessionSandbox):
             self._lease.release()
             self._lease = None
         if self.dir is not None:
-            await asyncio.to_thread(remove_tree, self.dir)
+            await asyncio.to_thread(remove_sandbox_dir, self.dir)
             self.dir = None
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,

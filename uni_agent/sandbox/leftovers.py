@@ -1,0 +1,70 @@
+"""Sandbox dirs whose owner is gone: found and removed at every sandbox start (a worker killed with -9 cannot clean
+up after itself), and a sandbox dir's own removal, in an order that a kill halfway cannot turn into a leak."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+from .process_limit import reap_orphaned_cgroups
+from .userns import remove_tree
+
+OWNER_FILE = "owner.pid"
+
+
+def reap_orphaned_sandboxes(root: Path) -> list[Path]:
+    """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
+
+    Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
+    sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
+    last one. Kept cheap with a thousand sandboxes under the root (a read per dir per start would be O(n^2) in all):
+    each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
+    that finds another one running in this process returns at once (that one is as recent)."""
+    if not _reap_lock.acquire(blocking=False):
+        return []
+    try:
+        removed = []
+        prefix = os.path.join(root, "")  # plain strings: a Path per dir per start is what costs with 1000 dirs
+        names = os.listdir(root)
+        listed = {prefix + name for name in names}
+        for gone in [key for key in _owners if key.startswith(prefix) and key not in listed]:
+            del _owners[gone]
+        alive: dict[int, bool] = {}
+        for name in names:
+            key = prefix + name
+            owner = _owners.get(key)
+            if owner is None:
+                try:
+                    with open(os.path.join(key, OWNER_FILE)) as f:
+                        owner = _owners[key] = int(f.read())
+                except (OSError, ValueError):
+                    continue  # not ours, or still being created
+            if owner not in alive:
+                alive[owner] = os.path.exists(f"/proc/{owner}")
+            if not alive[owner]:
+                remove_sandbox_dir(key)
+                removed.append(root / name)
+                _owners.pop(key, None)
+        reap_orphaned_cgroups()  # machine-wide: also those of sandboxes under another root
+        return removed
+    finally:
+        _reap_lock.release()
+
+
+def remove_sandbox_dir(path: str | os.PathLike[str]) -> None:
+    """Remove a sandbox dir, its owner file last: a removal cut short (its worker killed) leaves a dir that still
+    names its dead owner, which the next reap finishes, never one that no reap would touch."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            elif entry.name != OWNER_FILE:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    remove_tree(path)
+
+
+_reap_lock = threading.Lock()
+_owners: dict[str, int] = {}  # sandbox dir → owner pid, as read from its owner file (it never changes)
