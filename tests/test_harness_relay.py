@@ -185,3 +185,48 @@ def test_bytes_are_intact_in_both_directions_with_a_slow_reader(repo: Path) -> N
 
     result = with_box(lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay"), body)
     assert result.output.split() == [str(len(payload)), hashlib.sha256(payload).hexdigest()], result.output
+
+
+def test_a_program_that_outruns_its_target_loses_the_connection_not_the_workers_memory(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target takes nothing; the program sends 64 MB (more than the kernel's socket buffers hold) over a limit of
+    1 MB queued: its connection ends (it sees
+    end of file), the host held at most the limit plus one chunk, and the sandbox and its relay go on."""
+    from uni_agent.sandbox import relay
+
+    monkeypatch.setattr(relay, "INBOX_LIMIT_BYTES", 1 << 20)
+    peak: list[int] = []
+    received = relay.Relay.received
+
+    def watched(self: relay.Relay, conn_id: int, data: bytes) -> None:
+        received(self, conn_id, data)
+        peak.append(self._queued.get(conn_id, 0))
+
+    monkeypatch.setattr(relay.Relay, "received", watched)
+
+    async def body(box: Sandbox) -> Any:
+        stalled = asyncio.Event()
+
+        async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.transport.pause_reading()  # the target's socket buffer fills, then the relay's queue
+            await stalled.wait()
+            writer.close()
+
+        server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
+        async with server:
+            port = await box.session.listen(tcp_target("127.0.0.1", server.sockets[0].getsockname()[1]))
+            flood = await box.exec(
+                f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port})); sent = 0\n"
+                "try:\n while sent < 64 << 20: sent += s.send(b'x' * 65536)\nexcept OSError as e: print('send', e)\n"
+                "s.settimeout(20); print('eof' if s.recv(1) == b'' else 'data')\"", 60)
+            stalled.set()
+            echo_srv, echo_port, _ = await echo_server()
+            async with echo_srv:
+                port2 = await box.session.listen(tcp_target("127.0.0.1", echo_port))
+                after = await box.exec(f"python3 -c '{CLIENT}' {port2} 2 1000", 60)
+        return flood, after
+
+    flood, after = with_box(lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay"), body)
+    assert "eof" in flood.output or "send" in flood.output, flood.output
+    assert max(peak) <= (1 << 20) + 65536, max(peak)
+    assert after.output.strip() == "ok", after.output

@@ -8,7 +8,9 @@ both ways. It rides the channel every backend already has, so it works the same 
 Modal sandboxes, and adds no route out of the sandbox: only the targets the host chose are reachable.
 
 Bytes from the program wait in a queue per connection until its target takes them, so a slow target never holds
-up the supervisor's stream (command results and other connections share it).
+up the supervisor's stream (command results and other connections share it). The queue is capped
+(INBOX_LIMIT_BYTES): a program that sends faster than its target takes, for long, loses that connection instead of
+growing the worker's memory, which every sandbox on the worker shares.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .base import SandboxError
 log = structlog.get_logger("uni_agent.sandbox")
 
 READ_CHUNK = 65536
+INBOX_LIMIT_BYTES = 32 * 1024 * 1024  # per connection: far above a model request (a 128k-token context is ~1 MB)
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
@@ -46,6 +49,8 @@ class Relay:
         self._send = send
         self.targets: dict[int, Connect] = {}
         self._inboxes: dict[int, asyncio.Queue[bytes | None]] = {}
+        self._queued: dict[int, int] = {}  # bytes waiting in each inbox
+        self._writers: dict[int, asyncio.StreamWriter] = {}  # to each connection's target, once connected
         self._tasks: dict[int, asyncio.Task] = {}
         self.connections = 0  # every connection relayed so far
 
@@ -57,8 +62,19 @@ class Relay:
 
     def received(self, conn_id: int, data: bytes) -> None:
         inbox = self._inboxes.get(conn_id)
-        if inbox is not None:  # else its target is gone: dropped, as the protocol says
-            inbox.put_nowait(data)
+        if inbox is None:  # its target is gone: dropped, as the protocol says
+            return
+        self._queued[conn_id] = queued = self._queued.get(conn_id, 0) + len(data)
+        if queued > INBOX_LIMIT_BYTES:
+            log.warning("relay_connection_over_limit", sandbox=self.name, connection=conn_id, queued_bytes=queued,
+                        detail="the program sent faster than its target took; the connection is ended")
+            del self._inboxes[conn_id]  # what else arrives for it is dropped
+            writer = self._writers.get(conn_id)
+            if writer is not None:  # at once, unsent bytes dropped: close() would wait for the target to read them
+                writer.transport.abort()  # the read loop sees the end and tells the program
+            inbox.put_nowait(None)
+            return
+        inbox.put_nowait(data)
 
     def closed(self, conn_id: int) -> None:
         inbox = self._inboxes.get(conn_id)
@@ -82,7 +98,8 @@ class Relay:
             if connect is None:
                 raise OSError(f"nothing on the host is joined to port {port}")
             reader, writer = await connect()
-            to_target = asyncio.ensure_future(_forward(inbox, writer))
+            self._writers[conn_id] = writer
+            to_target = asyncio.ensure_future(self._forward(conn_id, inbox, writer))
             while chunk := await reader.read(READ_CHUNK):
                 await self._send(b"data %d %d\n" % (conn_id, len(chunk)) + chunk)
             await self._send(b"close %d\n" % conn_id)  # the target is done; the program may still send
@@ -97,14 +114,16 @@ class Relay:
                 to_target.cancel()
             if writer is not None:
                 writer.close()
+            self._writers.pop(conn_id, None)
             self._inboxes.pop(conn_id, None)
+            self._queued.pop(conn_id, None)
             self._tasks.pop(conn_id, None)
 
-
-async def _forward(inbox: asyncio.Queue[bytes | None], writer: asyncio.StreamWriter) -> None:
-    """The program's bytes to the target, until the program closes its side (then half-close the target's)."""
-    while (chunk := await inbox.get()) is not None:
-        writer.write(chunk)
-        await writer.drain()
-    if writer.can_write_eof():
-        writer.write_eof()
+    async def _forward(self, conn_id: int, inbox: asyncio.Queue[bytes | None], writer: asyncio.StreamWriter) -> None:
+        """The program's bytes to the target, until the program closes its side (then half-close the target's)."""
+        while (chunk := await inbox.get()) is not None:
+            self._queued[conn_id] -= len(chunk)
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
