@@ -78,6 +78,11 @@ def check_aligned(result: RolloutResult) -> None:
     assert sum(result.loss_mask) == result.completion_tokens  # every sampled token, once, as the engine counted
     logprobs, mask = np.array(result.logprobs), np.array(result.loss_mask)
     assert (logprobs[mask == 0] == 0).all() and (logprobs[mask == 1][~np.isnan(logprobs[mask == 1])] <= 0).all()
+    # The policy version per token, as our own loop's rows have it (the online service's staleness bound reads it):
+    # the engine's weights (version 0 here) on every sampled token, -1 on the rest.
+    versions = np.array(result.token_versions)
+    assert len(versions) == len(mask) and (versions[mask == 1] == 0).all() and (versions[mask == 0] == -1).all()
+    assert (result.version_min, result.version_max) == (0, 0)
 
 
 def test_the_example_program_s_calls_are_one_chain_that_decodes_to_its_calls(llama_server: str) -> None:

@@ -88,10 +88,15 @@ class TokenLog:
             seq = build_sequence(self.turns)
             result.input_ids, result.loss_mask, result.logprobs = seq.input_ids, seq.loss_mask, seq.logprobs
             result.token_drift = seq.drift_json()
-            result.token_versions = seq.versions
-            sampled = [v for v in seq.versions if v >= 0]
-            if sampled:
-                result.version_min, result.version_max = min(sampled), max(sampled)
+            set_token_versions(result, seq.versions)
+
+
+def set_token_versions(result: RolloutResult, versions: list[int]) -> None:
+    """The row's policy version per token (-1: not sampled) and the range of those that sampled it."""
+    result.token_versions = versions
+    sampled = [v for v in versions if v >= 0]
+    if sampled:
+        result.version_min, result.version_max = min(sampled), max(sampled)
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..episode.trajectory import TurnTokens, build_sequence
+from ..episode.trajectory import TurnTokens, build_sequence, set_token_versions
 from ..llm import ChatReply, TokenContext
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class CallLog:
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] = []
+        versions: list[int] = []
         drift = None
         for number, chain in enumerate(self.chains):
             start = len(ids)
@@ -92,6 +93,7 @@ class CallLog:
                 ids += sequence.input_ids
                 mask += sequence.loss_mask
                 logprobs += sequence.logprobs
+                versions += sequence.versions
                 if sequence.drift and drift is None:
                     drift = {**sequence.drift, "chain": number}
             described.append({"chain": number, "first_call": chain.first_call, "calls": chain.calls,
@@ -108,6 +110,7 @@ class CallLog:
             result.tokens_missing = self.missing
         else:
             result.input_ids, result.loss_mask, result.logprobs = ids, mask, logprobs
+            set_token_versions(result, versions)  # the online service's staleness bound reads them, as for our loop
             result.token_drift = json.dumps(drift) if drift else None
 
 
