@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from conftest import REPO_ROOT
 from test_sandbox_container import image  # noqa: F401 - the podman test image, a session fixture
 from test_sandbox_local import is_supervisor, processes_with, wait_until_gone
 
@@ -196,35 +199,38 @@ def test_a_thousand_commands_do_not_grow_fds_or_memory(open_sandbox: Callable[..
     assert rss_after - rss_before < 2048, (first, last)  # kB: no per-command growth
 
 
+CHILD_PROBE = r"""
+import os, sys
+from uni_agent.sandbox import supervisor
+if sys.argv[1] == "fork":
+    del os.posix_spawn  # as on Python < 3.8
+passed_r, passed_w = os.pipe()
+script = ('read -r line <&"$PASSED"; echo "$line"; awk \'{print $6 == $1}\' /proc/$$/stat; '
+          'grep SigIgn /proc/$$/status; for f in {0..64}; do [ -e /proc/$$/fd/$f ] && printf "$f "; done; echo; '
+          'echo err >&2')  # a stat per fd: a pipeline or `ls` would open descriptors of its own while it looks
+child = supervisor.Child(["/bin/bash", "-c", script], {"PASSED": str(passed_r)}, passed_r)
+os.close(passed_r)
+os.write(passed_w, b"through the passed fd\n")
+os.close(passed_w)
+child.stdin.close()
+out, err = child.stdout.read(), child.stderr.read()
+_, status = os.waitpid(child.pid, 0)
+print(status, passed_r, err.decode().strip())
+sys.stdout.write(out.decode())
+"""
+
+
 @pytest.mark.parametrize("method", ["posix_spawn", "fork"])
-def test_the_supervisors_child_starts_alike_either_way(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_supervisors_child_starts_alike_either_way(method: str) -> None:
     """Where Python lacks posix_spawn (< 3.8, an old image) the supervisor forks: the shell it starts must look the
-    same, a session leader with default SIGPIPE, its stdio on pipes and the passed fd open, nothing else."""
-    from uni_agent.sandbox import supervisor
-
-    if method == "fork":
-        monkeypatch.delattr(supervisor.os, "posix_spawn")
-    inheritable_before = {fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _inheritable(fd)}
-    passed_r, passed_w = os.pipe()
-    script = ('read -r line <&"$PASSED"; echo "$line"; awk \'{print $6 == $1}\' /proc/$$/stat; '
-              'grep SigIgn /proc/$$/status; ls /proc/$$/fd | sort -n | tr "\\n" " "; echo err >&2')
-    child = supervisor.Child(["/bin/bash", "-c", script], {"PASSED": str(passed_r)}, passed_r)
-    os.close(passed_r)
-    os.write(passed_w, b"through the passed fd\n")
-    os.close(passed_w)
-    child.stdin.close()
-    out, err = child.stdout.read(), child.stderr.read()
-    _, status = os.waitpid(child.pid, 0)
-    lines = out.decode().splitlines()
-    assert status == 0 and err == b"err\n", (status, err)
-    assert lines[0] == "through the passed fd" and lines[1] == "1", lines  # its own session
-    assert int(lines[2].split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, lines[2]  # SIGPIPE not ignored
-    # Beyond its stdio and the passed fd, only what this (pytest's) process had made inheritable before.
-    assert set(map(int, lines[3].split())) - {0, 1, 2, passed_r} == inheritable_before, lines[3]
-
-
-def _inheritable(fd: int) -> bool:
-    try:
-        return os.get_inheritable(fd)
-    except OSError:  # the fd listdir itself used, closed since
-        return False
+    same, a session leader with default SIGPIPE, its stdio on pipes and the passed fd open, nothing else. (In a fresh
+    process, whose descriptors are only its own.)"""
+    done = subprocess.run([sys.executable, "-I", "-c", CHILD_PROBE, method], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    head, passed, session, ignored, fds = done.stdout.splitlines()
+    status, passed_fd, err = head.split()
+    assert (status, err) == ("0", "err"), head
+    assert passed == "through the passed fd" and session == "1", done.stdout  # its own session
+    assert int(ignored.split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, ignored  # SIGPIPE not ignored
+    assert fds.split() == ["0", "1", "2", passed_fd], fds  # no descriptor of the supervisor's own

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
 from .repo import GIT_IDENTITY
-from .session import STATE_DIR_IN_SANDBOX, Session
+from .session import Session
+from .supervisor_launch import STATE_DIR_IN_SANDBOX
 
 
 STDERR_TAIL_BYTES = 4000

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .image_store import ImageRootfs
 from .repo import PACKAGE_DIR
-from .session import compiled_supervisor, supervisor_argv, supervisor_file_argv, supervisor_shell_argv
+from .supervisor_launch import compiled_supervisor, supervisor_argv, supervisor_file_argv, supervisor_shell_argv
 
 # In the sandbox's state dir: its own copy, so no sandbox can touch another's. Its name says what the process is.
 SUPERVISOR_PYC = "uni-agent-sandbox-supervisor.pyc"

@@ -34,7 +34,7 @@ from .base import SandboxError, SandboxStartError
 from .container_reap import CREATED_LABEL, LABEL, OWNER_LABEL, cli_text, owner_id, remove_containers
 from .limiter import start_limits
 from .repo import prepare_base_repo, resolve_repo
-from .session import supervisor_shell_argv
+from .supervisor_launch import supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 

@@ -37,7 +37,8 @@ from .base import SandboxError, SandboxStartError
 from .container import LABEL, lifetime_s, sandbox_name
 from .limiter import start_limits
 from .repo import archive_tree, prepare_base_repo, resolve_repo
-from .session import NO_PYTHON, reader_from_chunks, supervisor_shell_argv
+from .session import reader_from_chunks
+from .supervisor_launch import NO_PYTHON, supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 

@@ -15,63 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib.util
 import itertools
-import marshal
-import os
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 
 import structlog
 
 from .base import ExecResult, SandboxError, SandboxStartError
 from .relay import Connect, Relay
+from .supervisor_launch import NO_PYTHON, STATE_DIR_IN_SANDBOX
 
 log = structlog.get_logger("uni_agent.sandbox")
 
-SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text()
-STATE_DIR_IN_SANDBOX = "/run/uni-agent"
 HOST_GRACE_S = 5.0  # how long past a command's timeout the host waits for the supervisor's own kill to answer
 CANCEL_WAIT_S = 10.0  # how long a cancelled command may take to be reported before the session counts as broken
 READY_LINE_LIMIT = 1 << 20
-
-
-NO_PYTHON = "the sandbox image has no python3: the uni-agent sandbox supervisor needs python3 (>= 3.6) in the image"
-
-
-def supervisor_argv(python: str = "python3", state_dir: str = STATE_DIR_IN_SANDBOX, lifetime_s: float = 0) -> list[str]:
-    """The command line that starts the supervisor inside a sandbox (no file needs to be there first). With a
-    lifetime, the supervisor ends the sandbox by itself after that many seconds (its owner may have crashed)."""
-    return [python, "-I", "-S", "-c", SUPERVISOR_SOURCE, state_dir, f"{lifetime_s:g}"]
-
-
-def supervisor_file_argv(python: str, path: str, state_dir: str = STATE_DIR_IN_SANDBOX,
-                         lifetime_s: float = 0) -> list[str]:
-    """The same, from the compiled supervisor at `path` inside the sandbox (compiled_supervisor's bytes)."""
-    return [python, "-I", "-S", path, state_dir, f"{lifetime_s:g}"]
-
-
-@functools.cache
-def compiled_supervisor(python: str) -> bytes | None:
-    """The supervisor as a .pyc that `python` runs, when `python` is the interpreter running us (the same bytecode);
-    else None. Run from it, a sandbox's supervisor skips compiling its ~28 KB of source: 7 ms a start."""
-    if os.path.realpath(python) != os.path.realpath(sys.executable):
-        return None
-    code = compile(SUPERVISOR_SOURCE, "uni-agent-supervisor", "exec")
-    # The header of a .pyc (PEP 552): magic, flags 0 (timestamp-based), then mtime and size, which nothing checks
-    # when the file is run directly.
-    return importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)
-
-
-def supervisor_shell_argv(state_dir: str = STATE_DIR_IN_SANDBOX, lifetime_s: float = 0) -> list[str]:
-    """The same, through /bin/sh, for images where python3 may be missing: the failure then says so plainly."""
-    script = (f'command -v python3 >/dev/null 2>&1 || {{ echo "{NO_PYTHON}" >&2; exit 127; }}; '
-              'exec python3 -I -S -c "$0" "$@"')
-    return ["/bin/sh", "-c", script, SUPERVISOR_SOURCE, state_dir, f"{lifetime_s:g}"]
 
 
 class Session:
