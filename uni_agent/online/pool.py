@@ -1,6 +1,8 @@
 """The driver's actor pool, plus what the service keeps in step across its agent workers: the policy version (and
 served model name) of each engine replica. A worker started later (a replacement for a lost one) gets the current
-versions before its first rollout, so no token is stamped with a version that no longer serves."""
+versions before its first rollout, so no token is stamped with a version that no longer serves. Every call to an agent
+worker ends when its worker leaves the cluster (worker_watch.py), so neither a broadcast nor a rollout waits on a dead
+one."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import structlog
 
 from ..driver.pool import ActorPool, PooledActor
 from ..driver.policy import ACTOR_START_TIMEOUT
+from .worker_watch import WatchedActor, WorkerWatch
 
 log = structlog.get_logger("uni_agent.online")
 
@@ -20,11 +23,22 @@ class VersionedPool(ActorPool):
         super().__init__(client, engines, settings, log_dir)
         self.versions = dict(versions)  # engine URL -> the policy version it serves
         self.models: dict[str, str | None] = dict.fromkeys(versions)  # URL -> served model name (None: unchanged)
+        self.switching: set[str] = set()  # URLs whose weights are switching now (weights.switch_replica)
+        self.watch = WorkerWatch(self.live_workers)
 
     async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
         actor = await super().start_actor(worker, timeout)
+        actor.handle = WatchedActor(actor.handle, worker, self.watch)  # the dispatcher's mailboxes use it too
+        paused = []
         for url, version in self.versions.items():
-            await actor.handle.resume_replica(url, version, self.models[url])
+            if url in self.switching:  # a worker started mid-switch (a replacement) holds its calls like the others
+                await actor.handle.pause_replica(url, 0.0)
+                paused.append(url)
+            else:
+                await actor.handle.resume_replica(url, version, self.models[url])
+        for url in paused:  # the switch ended while this worker was told: its resume may have come before the pause
+            if url not in self.switching:
+                await actor.handle.resume_replica(url, self.versions[url], self.models[url])
         return actor
 
     def handles(self) -> list[Any]:
@@ -32,6 +46,7 @@ class VersionedPool(ActorPool):
 
     def served(self, url: str, version: int, model: str | None) -> None:
         self.versions[url], self.models[url] = version, model
+        self.switching.discard(url)
 
     async def broadcast(self, method: str, *args: Any) -> list[Any]:
         """`method` on every agent worker at once; a worker that is gone answers None (the dispatcher replaces it,

@@ -63,11 +63,13 @@ async def switch_replica(pool: Any, url: str, version: int, model: str | None, d
     switch failed: the switch leaves the old weights serving then)."""
     record = ReplicaSwitch(url)
     started = time.monotonic()
-    left = await pool.broadcast("pause_replica", url, drain_timeout)
-    record.drain_left = sum(x or 0 for x in left)
+    pool.switching.add(url)  # before the pause: an agent worker started from now on pauses it too
     try:
+        left = await pool.broadcast("pause_replica", url, drain_timeout)
+        record.drain_left = sum(x or 0 for x in left)
         await switch()
     except BaseException:
+        pool.served(url, pool.versions[url], pool.models[url])  # what served before serves on
         await pool.broadcast("resume_replica", url, pool.versions[url], pool.models[url])
         raise
     pool.served(url, version, model)
