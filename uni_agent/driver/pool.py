@@ -18,6 +18,7 @@ from ..settings import RunSettings
 from ..episode.worker import AgentWorker
 from .cluster import live_workers
 from .policy import ACTOR_START_TIMEOUT
+from .worker_watch import WatchedActor, WorkerWatch
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ActorPool:
         self.actors: dict[str, PooledActor] = {}  # the actors in use; a dropped one leaves
         self.futures: list[Any] = []  # an actor lives only while its future is referenced: kept for the whole run
         self.actors_started: list[str] = []
+        self.watch = WorkerWatch(self.live_workers)  # a call to a dead worker's actor ends, never hangs
 
     async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
         e = self.engines
@@ -62,7 +64,7 @@ class ActorPool:
                 await self.client.cancel([future])
             raise
         self.futures.append(future)
-        actor = self.actors[name] = PooledActor(name, worker, handle)
+        actor = self.actors[name] = PooledActor(name, worker, WatchedActor(handle, worker, self.watch))
         return actor
 
     def handle(self, name: str) -> Any:

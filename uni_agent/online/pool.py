@@ -1,8 +1,8 @@
 """The driver's actor pool, plus what the service keeps in step across its agent workers: the policy version (and
 served model name) of each engine replica. A worker started later (a replacement for a lost one) gets the current
 versions before its first rollout, so no token is stamped with a version that no longer serves. Every call to an agent
-worker ends when its worker leaves the cluster (worker_watch.py), so neither a broadcast nor a rollout waits on a dead
-one."""
+worker ends when its worker leaves the cluster (driver/worker_watch.py, through ActorPool), so neither a broadcast nor
+a rollout waits on a dead one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import structlog
 
 from ..driver.pool import ActorPool, PooledActor
 from ..driver.policy import ACTOR_START_TIMEOUT
-from .worker_watch import WatchedActor, WorkerWatch
 
 log = structlog.get_logger("uni_agent.online")
 
@@ -24,11 +23,9 @@ class VersionedPool(ActorPool):
         self.versions = dict(versions)  # engine URL -> the policy version it serves
         self.models: dict[str, str | None] = dict.fromkeys(versions)  # URL -> served model name (None: unchanged)
         self.switching: set[str] = set()  # URLs whose weights are switching now (weights.switch_replica)
-        self.watch = WorkerWatch(self.live_workers)
 
     async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
-        actor = await super().start_actor(worker, timeout)
-        actor.handle = WatchedActor(actor.handle, worker, self.watch)  # the dispatcher's mailboxes use it too
+        actor = await super().start_actor(worker, timeout)  # its handle's calls end if the worker leaves
         paused = []
         for url, version in self.versions.items():
             if url in self.switching:  # a worker started mid-switch (a replacement) holds its calls like the others

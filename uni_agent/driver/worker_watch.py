@@ -3,11 +3,12 @@
 A Dask actor call that is in flight when its worker dies can wait forever: distributed's Actor answers a broken
 connection by awaiting the actor's own future, and when the scheduler's word that the actor erred arrives after the
 broken connection (the usual order through the scheduler's proxy), that await raises inside a callback and the call's
-future is never resolved. Seen with a worker killed -9 during update_weights: the pause broadcast and the mailbox's
-long poll on the dead actor never returned, so the update hung and the dead worker's rollouts were never run again.
+future is never resolved. Seen with a worker killed -9 during the online service's update_weights: the pause broadcast
+and the mailbox's long poll on the dead actor never returned, so the update hung and the dead worker's rollouts were
+never run again; a batch run's mailbox waits on the same calls.
 
-So every call to an agent worker of the service also watches the scheduler's list of workers (one poll a second,
-shared by every waiting call) and fails with WorkerLeft as soon as the actor's worker is no longer on it."""
+So every call to an agent worker (ActorPool wraps each handle) also watches the scheduler's list of workers (one poll
+a second, shared by every waiting call) and fails with WorkerLeft as soon as the actor's worker is no longer on it."""
 
 from __future__ import annotations
 
