@@ -127,18 +127,27 @@ def _run_in_thread(rows, server, out, **settings):
     return thread, box
 
 
+def _run_until_the_disk_is_full(tiny, rows, server, endpoint, capfd, **settings):  # noqa: ANN001, ANN201
+    """A run in a thread until its first result is on disk; then the disk is filled and one more rollout finishes, so
+    its result cannot be written; returns once the run said so (what it said so far in `said`)."""
+    out = tiny / "out"
+    thread, box = _run_in_thread(rows[:TASKS], server, out, **settings)
+    poll_until(lambda: _on_disk(out) >= 1 or "error" in box, 120, "the first result on disk")
+    fill(tiny)
+    endpoint.release(1)  # one more rollout finishes: its result cannot be written
+    said: list[str] = []
+    poll_until(lambda: said.append(capfd.readouterr().err) or "cannot be written" in "".join(said), 120,
+               "the run to say that results cannot be written")
+    return thread, box, said
+
+
 def test_a_full_disk_pauses_new_rollouts_and_the_run_goes_on_once_space_is_freed(tiny, rows, dask_client, capfd,
                                                                                   monkeypatch):
     monkeypatch.setattr(dispatch, "WRITE_RETRY_S", 0.5)
     endpoint, out = Endpoint(), tiny / "out"
     with ScriptedLLM(endpoint) as server:
-        thread, box = _run_in_thread(rows[:TASKS], server, out, client=dask_client, write_retry_timeout=600)
-        poll_until(lambda: _on_disk(out) >= 1 or "error" in box, 120, "the first result on disk")
-        fill(tiny)
-        endpoint.release(1)  # one more rollout finishes: its result cannot be written
-        said = []
-        poll_until(lambda: said.append(capfd.readouterr().err) or "cannot be written" in "".join(said), 120,
-                   "the run to say that results cannot be written")
+        thread, box, said = _run_until_the_disk_is_full(tiny, rows, server, endpoint, capfd, client=dask_client,
+                                                        write_retry_timeout=600)
         endpoint.release()  # the rollouts that had started go on; no other may start
         poll_until(endpoint.idle, 60, "the rollouts in flight to finish")
         started_while_full = endpoint.started
@@ -163,13 +172,8 @@ def test_a_disk_that_stays_full_ends_the_run_with_a_spill_the_next_run_writes(ti
     monkeypatch.setattr(dispatch, "WRITE_RETRY_S", 0.5)
     endpoint, out = Endpoint(), tiny / "out"
     with ScriptedLLM(endpoint) as server:
-        thread, box = _run_in_thread(rows[:TASKS], server, out, client=dask_client, write_retry_timeout=3)
-        poll_until(lambda: _on_disk(out) >= 1 or "error" in box, 120, "the first result on disk")
-        fill(tiny)
-        endpoint.release(1)
-        said = []
-        poll_until(lambda: said.append(capfd.readouterr().err) or "cannot be written" in "".join(said), 120,
-                   "the run to say that results cannot be written")
+        thread, box, said = _run_until_the_disk_is_full(tiny, rows, server, endpoint, capfd, client=dask_client,
+                                                        write_retry_timeout=3)
         endpoint.release()
         thread.join(180)
         assert not thread.is_alive()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -256,6 +257,13 @@ def _scripted_agents(concurrency: int) -> AgentConfigs:
         {"concurrency": concurrency, "interaction": {"tools_in": "api", "constrain_tool_calls": False}})
 
 
+def _run_scripted(data: Path, concurrency: int, client: Client, server: ScriptedLLM, out: Path,
+                  **settings: Any) -> Any:
+    """One rollout per row against the scripted endpoint, flushed after every result, on the given cluster."""
+    return run(str(data), _scripted_agents(concurrency), client=client, engine="external", base_url=server.base_url,
+               model_name="scripted", n=1, output_dir=str(out), progress=False, flush_every=1, **settings)
+
+
 def _assert_each_once(results: pd.DataFrame, expected: set) -> None:
     keys = list(zip(results.instance_id, results.rollout.astype(int)))
     assert len(keys) == len(set(keys)), "a rollout was recorded twice"
@@ -318,9 +326,7 @@ def test_every_worker_lost_then_one_joins_the_run_completes(tmp_path, data, dask
     with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
         client.wait_for_workers(2, timeout=60)
         with ScriptedLLM(killer_policy, delay_s=0.5) as server:
-            run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                model_name="scripted", agent_workers=2, n=1, output_dir=str(tmp_path / "out"), progress=False,
-                flush_every=1, worker_wait_timeout=120)
+            _run_scripted(data, 4, client, server, tmp_path / "out", agent_workers=2, worker_wait_timeout=120)
         w2 = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w2")
     assert killed, "the workers were never killed"
     results = _results(tmp_path / "out")
@@ -347,9 +353,7 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
         client.wait_for_workers(2, timeout=60)
         with ScriptedLLM(killer_policy, delay_s=0.5) as server:
             with pytest.raises(AgentWorkersLost, match="rerun with the same output dir") as lost:
-                run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                    model_name="scripted", agent_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1,
-                    worker_wait_timeout=3)
+                _run_scripted(data, 4, client, server, out, agent_workers=2, worker_wait_timeout=3)
             first = _results(out)
             done = set(zip(first.instance_id, first.rollout.astype(int)))
             assert len(done) == len(first) and 0 < len(first) < len(expected), len(first)
@@ -359,8 +363,7 @@ def test_every_worker_lost_for_good_is_a_clear_error_and_a_rerun_finishes(tmp_pa
             dask_processes.start_worker("w2")
             client.wait_for_workers(1, timeout=60)
             before_rerun = len(server.requests)
-            run(str(data), _scripted_agents(4), client=client, engine="external", base_url=server.base_url,
-                model_name="scripted", agent_workers=2, n=1, output_dir=str(out), progress=False, flush_every=1)
+            _run_scripted(data, 4, client, server, out, agent_workers=2)
             assert len(server.requests) - before_rerun == (len(expected) - len(done)) * REQUESTS_PER_ROLLOUT
     _assert_each_once(_results(out), expected)
 
@@ -389,8 +392,6 @@ def test_a_rollout_whose_worker_is_lost_three_times_in_a_row_still_finishes(tmp_
     with Client(scheduler_file=str(dask_processes.scheduler_file)) as client:
         client.wait_for_workers(1, timeout=60)
         with ScriptedLLM(policy, delay_s=0.2) as server:
-            run(str(one), _scripted_agents(1), client=client, engine="external", base_url=server.base_url,
-                model_name="scripted", agent_workers=1, n=1, output_dir=str(tmp_path / "out"), progress=False,
-                flush_every=1, worker_wait_timeout=120)
+            _run_scripted(one, 1, client, server, tmp_path / "out", agent_workers=1, worker_wait_timeout=120)
     _assert_each_once(_results(tmp_path / "out"), expected)
     assert killed == ["w0", "w1", "w2"]
