@@ -15,9 +15,8 @@ import time
 
 import pytest
 
-from conftest import AGENT_CONFIG, poll_until
-from test_online_service import _calls_done, _sampled_versions, loop, weights  # noqa: F401 - fixtures
-from uni_agent.online import RolloutService
+from conftest import poll_until
+from test_online_service import _calls_done, _sampled_versions, loop, running_service, weights  # noqa: F401 - fixtures
 from uni_agent.sandbox.local import reap_orphaned_sandboxes, sandbox_root
 
 pytestmark = pytest.mark.llm
@@ -27,12 +26,7 @@ pytestmark = pytest.mark.llm
 def service(dask_client, loop, tmp_path_factory):  # noqa: F811 - loop is the imported fixture
     """Two agent workers (one per dask worker), rollouts of up to 10 turns: long enough to be in flight across an
     update on two shared cores."""
-    started = loop.run(RolloutService.start(
-        AGENT_CONFIG, scheduler_address=dask_client.scheduler.address, output_dir=str(tmp_path_factory.mktemp("lost")),
-        engine="llama_cpp", agent_workers=2, max_turns=10, max_tokens=48, verify=False, engine_parallel=4),
-        timeout=600)
-    yield started
-    loop.run(started.close(), timeout=300)
+    yield from running_service(dask_client, loop, tmp_path_factory.mktemp("lost"), agent_workers=2, max_turns=10)
 
 
 def _engine_worker(dask_client) -> str:
