@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,35 +25,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from uni_agent.testing.llama_watch import answered, engine_port, server_pids
+
 REPO = Path(__file__).resolve().parent.parent
 TOUR = [str(REPO / "examples" / "agent_interaction" / "parallel_infer.py"),
         "--agent-config-path", str(REPO / "examples" / "agent_interaction" / "agent_config_local.yaml"),
         "--n", "2", "--max-samples", "2", "--num-workers", "2", "--max-turns", "3", "--max-tokens", "256",
         "--no-progress"]
-
-
-def engine_port(log: Path) -> int | None:
-    try:
-        found = re.search(r"listening on http://[\d.]+:(\d+)", log.read_text(errors="replace"))
-    except OSError:
-        return None
-    return int(found.group(1)) if found else None
-
-
-def server_pids(port: int) -> list[int]:
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "llama-server" in cmd and f"--port {port} " in cmd + " ":
-            pids.append(int(proc.name))
-    return pids
-
-
-def answered(log: Path) -> int:
-    return log.read_text(errors="replace").count("stop processing") if log.exists() else 0
 
 
 def kill_once(log: Path, after: int, done: threading.Event, kills: list[float]) -> None:

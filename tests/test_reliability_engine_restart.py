@@ -10,7 +10,6 @@ LocalCluster, bubblewrap sandboxes; the down-wait test uses a ScriptedLLM (a rea
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -23,12 +22,13 @@ import httpx
 import pandas as pd
 import pytest
 
-from conftest import AGENT_CONFIG, REPO_ROOT, _cmd
+from conftest import AGENT_CONFIG, REPO_ROOT
 from uni_agent import run
 from uni_agent.engines.llama_build import find_binary
 from uni_agent.engines.llama_cpp import LlamaServer, default_model_path
 from uni_agent.engines.server import EngineRestartError
 from uni_agent.llm import ChatClient, EndpointDownError
+from uni_agent.testing.llama_watch import answered, engine_port, server_pids
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM
 
 needs_server = pytest.mark.skipif(find_binary("cpu") is None, reason="no llama-server build: run examples/setup.sh")
@@ -65,25 +65,6 @@ def test_a_model_call_waits_for_a_down_endpoint_then_fails_as_down():
     assert 2 <= waited < 10 and "cannot connect" in str(error)
 
 
-def _engine_port(log: Path) -> int | None:
-    try:
-        found = re.search(r"listening on http://[\d.]+:(\d+)", log.read_text(errors="replace"))
-    except OSError:
-        return None
-    return int(found.group(1)) if found else None
-
-
-def _server_pids(port: int) -> list[int]:
-    """llama-server processes serving `port` (other runs on the machine have other ports)."""
-    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
-            if "llama-server" in (cmd := _cmd(p)) and f"--port {port} " in cmd + " "]
-
-
-def _answered(log: Path) -> int:
-    """Model calls the engine finished so far (every run of the server appends to the same log)."""
-    return log.read_text(errors="replace").count("stop processing") if log.exists() else 0
-
-
 class Killer(threading.Thread):
     """Kills the run's llama-server with -9 once it has answered `after` calls; with `every_start`, again each time
     it comes back."""
@@ -98,13 +79,13 @@ class Killer(threading.Thread):
     def run(self):
         killed: set[int] = set()
         while not self.stop.wait(0.05):
-            self.port = self.port or _engine_port(self.log)
-            if self.port is None or _answered(self.log) < self.after:
+            self.port = self.port or engine_port(self.log)
+            if self.port is None or answered(self.log) < self.after:
                 continue
-            for pid in set(_server_pids(self.port)) - killed:
+            for pid in set(server_pids(self.port)) - killed:
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
-                self.kills.append((time.monotonic(), _answered(self.log)))
+                self.kills.append((time.monotonic(), answered(self.log)))
                 if not self.every_start:
                     return
 
@@ -136,7 +117,7 @@ def test_engine_killed_mid_run_restarts_and_every_rollout_finishes(tmp_path, das
     assert (results.failure_kind != "infra").all(), results[["failure_kind", "failure_cause"]].to_dict("records")
     assert results.error.isna().all(), results.error.tolist()
     # calls were answered after the restart: the rollouts went on with the restarted server
-    assert _answered(out / "logs" / "engine-0.log") > answered_before
+    assert answered(out / "logs" / "engine-0.log") > answered_before
     # conversations intact: every turn's prompt continued the rollout's token sequence (token-in from exact ids)
     assert (results.token_source == "llama_server").all()
     assert results.token_drift.isna().all(), results.token_drift.tolist()
@@ -150,7 +131,7 @@ def test_engine_killed_mid_run_restarts_and_every_rollout_finishes(tmp_path, das
     assert crash["returncode"] == -9 and "log_tail" in crash
     [restarted] = [e for e in _events(out / "logs", "engine_restarted") if "down_s" in e][:1]
     assert 0 < restarted["down_s"] < 60
-    assert not _server_pids(killer.port), "the engine outlived the run"
+    assert not server_pids(killer.port), "the engine outlived the run"
 
 
 @pytest.mark.llm
@@ -186,7 +167,7 @@ def test_engine_killed_at_every_start_ends_the_run_with_a_clear_error(tmp_path):
     files = sorted((out / "results").glob("part-*.parquet"))
     recorded = pd.concat([pd.read_parquet(f) for f in files]) if files else pd.DataFrame({"failure_kind": []})
     assert (recorded.failure_kind != "infra").all()  # finished ones only; the rest are left for a rerun
-    assert not _server_pids(killer.port), "the engine outlived the run"
+    assert not server_pids(killer.port), "the engine outlived the run"
 
 
 @pytest.mark.llm
