@@ -79,9 +79,10 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
     data = out / "rows.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
     agent = [{
-        # no _target_: each tree's own default loop (its module moved; --baseline runs older trees)
+        # No _target_ (each tree's own default loop: its module moved) and no tool-call parser (hermes, the default,
+        # had another key before beafcb5): --baseline runs older trees, which refuse keys they do not know.
         "name": "sim", "concurrency": in_flight,
-        "interaction": {"tools_in": "api", "constrain_tool_calls": False, "tool_call_parser": "hermes",
+        "interaction": {"tools_in": "api", "constrain_tool_calls": False,
                         "max_turns": options.turns + 1, "episode_timeout": 3600, "action_timeout": 60},
         "env": {"deployment": {"type": "memory", "command_s": options.command_s, "startup_timeout": 60}},
         "tools": [{"name": "execute_bash"}, {"name": "submit"}],
