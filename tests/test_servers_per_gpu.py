@@ -16,14 +16,14 @@ from uni_agent.engines.llama_cpp import DEFAULT_SLOTS, servers_per_group, slots_
 from uni_agent.settings import RunSettings
 
 
-def test_default_is_four_servers_per_gpu_sharing_the_groups_slots():
+def test_default_is_eight_servers_per_gpu_sharing_the_groups_slots():
     settings = RunSettings()
-    assert settings.engine_servers_per_gpu == 4 and settings.engine_replicas == 1
-    assert slots_per_server(DEFAULT_SLOTS["cuda"], 4) == 32
+    assert settings.engine_servers_per_gpu == 8 and settings.engine_replicas == 1
+    assert slots_per_server(DEFAULT_SLOTS["cuda"], 8) == 16
     assert slots_per_server(64, 4) == 16 and slots_per_server(64, 1) == 64
     assert slots_per_server(10, 4) == 3  # rounded up: 12 slots for 10 rollouts, never fewer than asked
     placed = servers_per_group([("tcp://a:1", "0")], settings.engine_servers_per_gpu)
-    assert [(i, w, d) for i, w, d in placed] == [(k, "tcp://a:1", "0") for k in range(4)]
+    assert [(i, w, d) for i, w, d in placed] == [(k, "tcp://a:1", "0") for k in range(8)]
 
 
 def test_the_gpus_waited_for_are_the_engines_gpus():

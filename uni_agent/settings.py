@@ -79,8 +79,9 @@ class RunSettings(BaseSettings):
     api_key: SecretStr | None = None
     engine_replicas: int = Field(1, ge=1)  # llama_cpp on the CPUs: servers (on GPUs: engine_servers_per_gpu)
     # llama_cpp on GPUs: servers per GPU group, its slots (engine_parallel) split among them. Several beat one: a
-    # server samples its slots one after another on one thread (docs/benchmarks.md, servers per GPU).
-    engine_servers_per_gpu: int = Field(4, ge=1)
+    # server samples its slots one after another on one thread; 8 served best with the grammar and as well as any
+    # without it (cluster/servers_per_gpu.py, README). Each holds its own copy of the weights: fewer for a large model.
+    engine_servers_per_gpu: int = Field(8, ge=1)
     engine_threads: int | None = Field(None, ge=1)
     engine_device: Literal["auto", "cpu", "gpu"] = "auto"
     engine_parallel: int | None = Field(None, ge=1)
