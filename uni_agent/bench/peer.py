@@ -97,6 +97,9 @@ def _main(args: dict[str, Any]) -> None:
     specs = [str(swebench.DEFAULT_CONFIG_FILE), "environment.environment_class=local", f"environment.cwd={args['cwd']}",
              "model.model_kwargs.api_base=" + args["base_url"], "model.model_kwargs.api_key=bench",
              "model.model_kwargs.drop_params=true", "model.cost_tracking=ignore_errors",
+             # A request lost on the way (256 threads on 2 cores: the endpoint saw one closed before its reply) is
+             # retried after 20 s (ten times a call here) rather than litellm's default 600: one had held a run back.
+             "model.model_kwargs.timeout=20",
              f"agent.step_limit={args['step_limit']}"]
     before = cpu_now()
     started = time.monotonic()
