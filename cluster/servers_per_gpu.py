@@ -36,8 +36,8 @@ def start_servers(binary: str, model: str, servers: int, slots: int, log_dir: st
         argv = server_command(binary, model, "m", host="127.0.0.1", port=BASE_PORT + i,
                               slots=slots_per_server(slots, servers), context_length=CONTEXT, threads=THREADS,
                               gpu=True)
-        log = open(os.path.join(log_dir, f"server-{servers}-{i}.log"), "wb")
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+        with open(os.path.join(log_dir, f"server-{servers}-{i}.log"), "wb") as log:  # the child keeps its copy
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
 
 
