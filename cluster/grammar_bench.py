@@ -51,6 +51,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def wait_healthy(http, port, timeout, interval=0.5):
+    """Polls the llama-server on 127.0.0.1:port until its /health answers 200 or `timeout` seconds pass; says which."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(interval)
+
+
 async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), max_tokens=128, pid=None):
     """Waits for the server, then per concurrency: a warm-up, and each kind's generation. Returns one dict a row.
     With the server's pid, each row also has the server's CPU seconds: on shared cores, tokens per CPU second
@@ -58,13 +72,7 @@ async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     rows = []
     async with httpx.AsyncClient(timeout=600) as http:
-        for _ in range(240):
-            try:
-                if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
+        await wait_healthy(http, port, 120)  # measured either way: a server that never came up fails the requests
         for conc in concs:
             t0, cpu0 = time.monotonic(), cpu_seconds(pid) if pid else 0.0
             rs = await asyncio.gather(*(http.post(url, json=body("none", 1)) for _ in range(conc)))

@@ -21,7 +21,8 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cluster.grammar_bench import body  # noqa: E402  (the agent's first prompt, with or without the schema)
+# the agent's first prompt (with or without the schema), and the wait for a server's /health
+from cluster.grammar_bench import body, wait_healthy  # noqa: E402
 from uni_agent.engines.llama_cpp import server_command, slots_per_server  # noqa: E402
 
 BASE_PORT = 8941
@@ -41,18 +42,11 @@ def start_servers(binary: str, model: str, servers: int, slots: int, log_dir: st
     return procs
 
 
-async def wait_healthy(http: httpx.AsyncClient, servers: int, timeout: float = 180) -> None:
+async def wait_all_healthy(http: httpx.AsyncClient, servers: int, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     for i in range(servers):
-        while True:
-            try:
-                if (await http.get(f"http://127.0.0.1:{BASE_PORT + i}/health")).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server {i} of {servers} not healthy after {timeout:g}s")
-            await asyncio.sleep(0.3)
+        if not await wait_healthy(http, BASE_PORT + i, deadline - time.monotonic(), interval=0.3):
+            raise RuntimeError(f"server {i} of {servers} not healthy after {timeout:g}s")
 
 
 async def one_round(http: httpx.AsyncClient, servers: int, requests: int, kind: str, max_tokens: int) -> dict:
@@ -77,7 +71,7 @@ async def measure_layout(binary: str, model: str, servers: int, args) -> list[di
     rows = []
     try:
         async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=args.requests * 2)) as http:
-            await wait_healthy(http, servers)
+            await wait_all_healthy(http, servers)
             await one_round(http, servers, args.requests, "none", 1)  # warm-up: every slot reads the prompt once
             for kind in ("none", "schema"):
                 rounds = [await one_round(http, servers, args.requests, kind, args.max_tokens)
