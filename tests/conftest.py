@@ -25,6 +25,7 @@ if "UNI_AGENT_SANDBOX_ROOT" not in os.environ:
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 # What a local sandbox runs on the host: its bwrap (the supervisor and the commands run inside it).
 SANDBOX_PROCESSES = ("bwrap",)
+POD_MARK = "uni-agent-sandbox-pod"  # a worker's sandbox pod (uni_agent/sandbox/pod.py): lives as long as its worker
 
 
 @pytest.fixture(scope="session")
@@ -57,8 +58,8 @@ def no_leftover_sandboxes(tmp_path_factory):
         mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
                   if any(m in line for m in markers)]
         processes = [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*"))
-                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers)]
-        return dirs + mounts + processes
+                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers) and POD_MARK not in cmd]
+        return dirs + mounts + processes + _sandboxes_in_pods(markers)
 
     deadline = time.monotonic() + 15
     while (found := leftovers()) and time.monotonic() < deadline:
@@ -89,6 +90,25 @@ def poll_until(predicate, timeout: float, what: str):
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(0.1)
     return value
+
+
+def _sandboxes_in_pods(markers: tuple[str, ...]) -> list[str]:
+    """Sandboxes still running in a sandbox pod of this session: the pod (bwrap, its init, the pod's Python) stays
+    with its worker process; each sandbox is a child of the pod's Python."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(proc.name))
+            commands[int(proc.name)] = _cmd(proc)
+    left = []
+    for pid, cmd in commands.items():
+        if cmd.startswith("bwrap") and POD_MARK in cmd and any(m in cmd for m in markers):
+            for init in children.get(pid, []):
+                for pod in children.get(init, []):
+                    left += [f"a sandbox of pod {pod}: pid {child}" for child in children.get(pod, [])]
+    return left
 
 
 def _cmd(proc: Path) -> str:

@@ -470,20 +470,31 @@ def test_fork_bomb_is_contained_and_the_sandbox_stays_usable(repo: Path) -> None
 
 
 def sandbox_processes(box: LocalSandbox) -> list[int]:
-    """The sandbox's processes: its cgroup's, or without one the process chain it started and all it forked."""
+    """The sandbox's processes: its cgroup's, or without one the process chain it started and all it forked (in the
+    pod: everything below the pod, bwrap's child's child; the test's sandbox is the pod's only one)."""
     if box.process_limit.cgroup is not None:
         return box.process_limit.processes()
+    if box._pod is not None:
+        init = process_children()[box._pod.proc.pid][0]
+        pod = process_children()[init][0]
+        return descendants(pod)
     assert box._proc is not None
     return [box._proc.pid, *descendants(box._proc.pid)]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living process below `pid`, from the parent pids in /proc."""
+def process_children() -> dict[int, list[int]]:
+    """Each living process's children, from the parent pids in /proc."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid`."""
+    children = process_children()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -493,8 +504,10 @@ def descendants(pid: int) -> list[int]:
 
 
 def is_supervisor(cmdline: bytes) -> bool:
-    """The sandbox supervisor's command line: its source (-c), or its compiled file (a sandbox over the host's root)."""
-    return b"uni-agent sandbox supervisor" in cmdline or b"/uni-agent-sandbox-supervisor.pyc\0" in cmdline
+    """The sandbox supervisor's command line: its source (-c), its compiled file (a sandbox over the host's root), or
+    the sandbox pod's (forked from the pod, it keeps the pod's command line)."""
+    return (b"uni-agent sandbox supervisor" in cmdline or b"/uni-agent-sandbox-supervisor.pyc\0" in cmdline
+            or b"uni-agent-sandbox-pod" in cmdline)
 
 
 def only_the_sandbox_itself(pids: list[int]) -> bool:
@@ -505,7 +518,8 @@ def only_the_sandbox_itself(pids: list[int]) -> bool:
     bwraps = [c for c in commands if c.startswith(b"bwrap\0")]
     supervisors = [c for c in commands if is_supervisor(c) and c not in bwraps]
     shells = [c for c in commands if c.endswith(b"/run/uni-agent/run.sh\0")]
-    return len(bwraps) == 2 and len(supervisors) == 1 and len(shells) <= 1 and len(commands) <= 4
+    # bwrap's: bwrap and its init, the supervisor, a shell; the pod's: the supervisor (pid 1) and a shell
+    return len(bwraps) in (0, 2) and len(supervisors) == 1 and len(shells) <= 1 and len(commands) <= 2 + len(bwraps)
 
 
 def test_process_cap_falls_back_to_ulimit_without_a_cgroup(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:

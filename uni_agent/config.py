@@ -120,6 +120,10 @@ class LocalDeploymentConfig(DeploymentBase):
     mounts: dict[str, str] = Field(default_factory=dict)
     """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
     environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
+    launcher: Literal["auto", "pod", "bwrap"] = "auto"
+    """How a sandbox is started. pod: forked by the worker's sandbox pod (one bwrap per worker process; ~3 ms of CPU
+    a start); bwrap: a bwrap, a mount and a Python interpreter of its own (~30 ms); auto: the pod where it serves the
+    sandbox (the host's root, an overlay workspace, no network, no extra mounts) and works on this machine."""
 
 
 class ContainerDeploymentConfig(ImageDeploymentBase):

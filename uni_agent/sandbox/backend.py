@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Transport:
     reader: asyncio.StreamReader
     write: Callable[[bytes | None], Awaitable[None]]
     describe_end: Callable[[], Awaitable[str]]
+    close: Callable[[], None] = lambda: None  # what the backend's teardown calls: both ends closed, if it has any
 
 
 def process_transport(proc: asyncio.subprocess.Process, what: str) -> Transport:
@@ -57,6 +59,39 @@ def process_transport(proc: asyncio.subprocess.Process, what: str) -> Transport:
         return f"{status}; stderr: {tail}" if tail else status
 
     return Transport(proc.stdout, write, describe_end)  # type: ignore[arg-type]
+
+
+async def pipe_transport(stdin_w: int, stdout_r: int, describe_end: Callable[[], Awaitable[str]]) -> Transport:
+    """The transport of a supervisor reached through two pipe ends this process holds (a sandbox of the pod):
+    they are owned by the transport from here on, and closed with it."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
+    read_pipe = os.fdopen(stdout_r, "rb", buffering=0)
+    try:
+        write_pipe = os.fdopen(stdin_w, "wb", buffering=0)
+    except BaseException:
+        read_pipe.close()
+        raise
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                                     read_pipe)
+    writer_transport, writer_protocol = await loop.connect_write_pipe(
+        lambda: asyncio.streams.FlowControlMixin(loop=loop), write_pipe)
+    writer = asyncio.StreamWriter(writer_transport, writer_protocol, None, loop)
+
+    async def write(data: bytes | None) -> None:
+        if writer_transport.is_closing():
+            raise BrokenPipeError("the supervisor's stdin is closed")
+        if data is None:
+            writer.close()
+            return
+        writer.write(data)
+        await writer.drain()
+
+    def close() -> None:
+        writer_transport.close()
+        read_transport.close()
+
+    return Transport(reader, write, describe_end, close)
 
 
 class SessionSandbox(ClosingContext):

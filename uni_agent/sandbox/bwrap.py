@@ -48,7 +48,7 @@ def bwrap_argv(mounts: Mounts, workdir: str, state_dir: str, image: ImageRootfs 
         args.append("--share-net")
     if image is None:
         args += _host_root(mounts)
-        env = _host_env()
+        env = host_env()
         supervisor = _host_supervisor(mounts.state, state_dir)
     else:
         args += ["--bind", str(mounts.root), "/", "--proc", "/proc", "--dev", "/dev"]
@@ -70,6 +70,13 @@ def bwrap_argv(mounts: Mounts, workdir: str, state_dir: str, image: ImageRootfs 
 
 
 def _host_root(mounts: Mounts) -> list[str]:
+    return host_root_args(["--bind", str(mounts.tmp), "/tmp", "--bind", str(mounts.home), "/root"])
+
+
+def host_root_args(own_dirs: list[str]) -> list[str]:
+    """The host's root as every sandbox over it sees it (the pod's too, pod.py): /usr, /etc and the Python running
+    uni-agent read-only, a fresh /proc and /dev, and `own_dirs` (the sandbox's /tmp and HOME) before the Python's
+    dirs, so that a venv under /tmp or /root stays visible."""
     args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for link in ("bin", "lib", "lib32", "lib64", "sbin"):
         target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
@@ -77,13 +84,18 @@ def _host_root(mounts: Mounts) -> list[str]:
             args += ["--symlink", target, f"/{link}"]
         elif os.path.isdir(f"/{link}"):
             args += ["--ro-bind", f"/{link}", f"/{link}"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(mounts.tmp), "/tmp", "--bind", str(mounts.home), "/root"]
+    args += ["--proc", "/proc", "--dev", "/dev", *own_dirs]
     python_dirs = _python_dirs()
     for python_dir in python_dirs:
         args += ["--ro-bind", python_dir, python_dir]
     if any(PACKAGE_DIR.startswith(d + "/") for d in python_dirs):  # installed into the venv, not editable:
         args += ["--tmpfs", PACKAGE_DIR]  # its bundled tasks hold the tests and solutions the agent must not see
     return args
+
+
+def python_dirs_under_own_dirs() -> list[str]:
+    """The Python's dirs that a sandbox's own /tmp or /root would hide (a venv there): the pod binds them again."""
+    return [d for d in _python_dirs() if d.startswith(("/tmp/", "/root/")) or d in ("/tmp", "/root")]
 
 
 def _python_dirs() -> list[str]:
@@ -112,7 +124,7 @@ def _common_env() -> dict[str, str]:
     return {"TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _host_env() -> dict[str, str]:
+def host_env() -> dict[str, str]:
     """The sandbox's environment before `env_variables`: a clean slate, nothing of the host's leaks in."""
     return {"PATH": f"{sys.prefix}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "LANG": "C.UTF-8", **_common_env()}

@@ -28,11 +28,12 @@ from pathlib import Path
 import structlog
 
 from ..config import LocalDeploymentConfig
-from .backend import SessionSandbox, Transport, process_transport
+from .backend import SessionSandbox, Transport, pipe_transport, process_transport
 from .base import ExecResult, SandboxError, SandboxStartError
-from .bwrap import Mounts, bwrap_argv
+from .bwrap import Mounts, bwrap_argv, host_env
 from .image_store import ImageLease, ImageRootfs, ImageStore
 from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir
+from .pod import PodKey, SandboxPod, pod_failure, pod_for, pod_stderr, running_pod
 from .private_dir import make_private_subdir, sandbox_root
 from .process_limit import ProcessLimit
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
@@ -45,6 +46,7 @@ log = structlog.get_logger("uni_agent.sandbox")
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
+POD_KILL_WAIT_S = 10.0  # how long a killed sandbox of the pod may take to be gone
 
 
 def image_store() -> ImageStore:
@@ -70,6 +72,8 @@ class LocalSandbox(SessionSandbox):
         self._base: Path | None = None  # the shared snapshot of the task repo, when there is one
         self._lease: ImageLease | None = None  # the unpacked image, when the sandbox runs one
         self._userns: UserNamespace | None = None  # the user namespace the chain starts in (not as root)
+        self._pod: SandboxPod | None = None  # the pod that forked this sandbox, if one did
+        self._pod_transport: Transport | None = None
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
     extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
@@ -102,8 +106,59 @@ class LocalSandbox(SessionSandbox):
         if self._switches_user() and self._userns is None:  # as root; in a namespace, its setup script does it
             for sub in self._user_dirs():
                 os.chown(sub, self._lease.image.uid, self._lease.image.gid)  # type: ignore[union-attr]
+        if self._pod_serves():
+            transport = await self._launch_in_pod()
+            if transport is not None:
+                return transport
         self._proc = await self._spawn(self._argv(self.use_overlay))
         return process_transport(self._proc, "bwrap")
+
+    def _pod_serves(self) -> bool:
+        """Whether the worker's sandbox pod (pod.py) can start this sandbox."""
+        if self.config.launcher == "bwrap":
+            return False
+        why = self._why_not_pod()
+        if why and self.config.launcher == "pod":
+            raise SandboxError(f"sandbox {self.name}: `launcher: pod` cannot start it: {why} (`launcher: auto` starts "
+                               "such sandboxes with a bwrap of their own)")
+        return not why
+
+    def _why_not_pod(self) -> str:
+        if self._lease is not None:
+            return "it runs an image"
+        if not self.use_overlay or self._base is None:
+            return "its workspace is not an overlay over a task repo"
+        if self.config.network:
+            return "it has the network"
+        if self.config.mounts:
+            return "it has extra mounts"
+        return ""
+
+    async def _launch_in_pod(self) -> Transport | None:
+        """The sandbox forked by the pod; None where no pod works here (`launcher: auto` then starts a bwrap)."""
+        assert self.dir is not None and self._base is not None
+        cgroup = self.process_limit.cgroup
+        key = PodKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None)
+        env = host_env()
+        pod = running_pod(key) or await asyncio.to_thread(pod_for, key, env)
+        if pod is None:
+            if self.config.launcher == "pod":
+                raise SandboxError(f"sandbox {self.name}: `launcher: pod`, but the sandbox pod does not work here: "
+                                   f"{pod_failure(key)}")
+            return None
+        limit_as = self.config.max_memory_mb * 1024 * 1024 if self.config.max_memory_mb else 0
+        stdin_w, stdout_r = pod.start({
+            "name": self.name, "dir": self.dir.name, "lower": f"repos/{self._base.name}", "workdir": self.workdir,
+            "env": env, "as_bytes": limit_as, "cgroup": cgroup.name if cgroup is not None else "",
+            "nproc": self.process_limit.max_processes if self.process_limit.mode == "ulimit" else 0})
+        self._pod = pod
+
+        async def describe_end() -> str:
+            state = "running" if pod.alive else f"gone{pod_stderr(pod)}"
+            return f"the sandbox's pid 1 in the sandbox pod (pid {pod.proc.pid}, {state}) ended"
+
+        self._pod_transport = await pipe_transport(stdin_w, stdout_r, describe_end)
+        return self._pod_transport
 
     def _switches_user(self) -> bool:
         return self._lease is not None and self._lease.image.uid != 0
@@ -206,6 +261,7 @@ class LocalSandbox(SessionSandbox):
         return []
 
     async def _teardown(self) -> None:
+        await self._end_in_pod()
         proc, self._proc = self._proc, None
         if proc is not None:
             # The session closed the supervisor's stdin: it ends its commands and exits, and bwrap with it. Waited
@@ -224,6 +280,23 @@ class LocalSandbox(SessionSandbox):
         if self.dir is not None:
             await asyncio.to_thread(remove_sandbox_dir, self.dir)
             self.dir = None
+
+    async def _end_in_pod(self) -> None:
+        """As for a bwrap of its own: a moment to exit by itself (its stdin is closed), then killed; waited for until
+        its pid 1, and every process of the sandbox with it, is gone."""
+        pod, self._pod = self._pod, None
+        if pod is None:
+            return
+        ended = asyncio.wrap_future(pod.ended(self.name))
+        try:
+            await asyncio.wait_for(asyncio.shield(ended), CLOSE_GRACE_S)
+        except TimeoutError:
+            pod.kill(self.name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended, POD_KILL_WAIT_S)
+        if self._pod_transport is not None:
+            self._pod_transport.close()
+            self._pod_transport = None
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
                    merge_stderr: bool = True) -> ExecResult:
