@@ -203,7 +203,9 @@ def _sandbox_pid1(config, request, stdin_fd, stdout_fd, supervisor):
 
 
 def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
-    """Start one sandbox; its pid 1's pid (as the pod sees it), or None when it could not be made."""
+    """Start one sandbox: (the child that makes it, the read end of the pipe on which that child says its pid 1's
+    pid, as the pod sees it, then exits; nothing comes if the sandbox could not be made). The pod does not wait for
+    it: the unshare (a network namespace takes milliseconds) runs beside the next start."""
     pid_r, pid_w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -228,16 +230,7 @@ def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
             finally:
                 os._exit(71)
     os.close(pid_w)
-    chunks = []
-    while True:
-        chunk = os.read(pid_r, 32)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(pid_r)
-    os.waitpid(child, 0)
-    data = b"".join(chunks)
-    return int(data) if data else None
+    return child, pid_r
 
 
 class Pod:
@@ -246,6 +239,11 @@ class Pod:
         self.control = control
         self.supervisor = supervisor
         self.pids = {}  # pid 1 of each live sandbox -> its name
+        self.starting = {}  # read end of a starting sandbox's pid pipe -> its name
+        self.makers = set()  # the children that make a sandbox and exit: reaped, not reported
+        self.gone_early = set()  # pid 1s reaped before their pid came through the pipe
+        self.kill_when_known = set()  # names asked to be killed while still starting
+        self.poller = select.poll()
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -253,13 +251,14 @@ class Pod:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def serve(self):
-        poller = select.poll()
-        poller.register(self.control.fileno(), select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
+        self.poller.register(self.control.fileno(), select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
         while True:
-            for fd, _ in poller.poll():
+            for fd, _ in self.poller.poll():
                 if fd == self.wake_r:
                     self.reap()
+                elif fd in self.starting:
+                    self.started(fd)
                 elif not self.handle_request():
                     return
 
@@ -272,21 +271,48 @@ class Pod:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
         request = json.loads(message.decode())
+        name = request["name"]
         if request["op"] == "start":
             try:
-                pid = _fork_sandbox(self.config, request, fds[0], fds[1], self.supervisor) if len(fds) == 2 else None
+                if len(fds) != 2:
+                    self.send({"op": "ended", "name": name})
+                    return True
+                maker, pid_r = _fork_sandbox(self.config, request, fds[0], fds[1], self.supervisor)
             finally:
                 for fd in fds:
                     os.close(fd)
-            if pid is None:
-                self.send({"op": "ended", "name": request["name"]})
-            else:
-                self.pids[pid] = request["name"]
+            self.makers.add(maker)
+            self.starting[pid_r] = name
+            self.poller.register(pid_r, select.POLLIN)
         elif request["op"] == "kill":
-            for pid, name in self.pids.items():
-                if name == request["name"]:
+            if name in self.starting.values():
+                self.kill_when_known.add(name)
+            for pid, known in list(self.pids.items()):
+                if known == name:
                     self.kill(pid)
         return True
+
+    def started(self, pid_r):
+        """The maker said its sandbox's pid 1 (or closed the pipe without a word: no sandbox)."""
+        name = self.starting.pop(pid_r)
+        self.poller.unregister(pid_r)
+        chunks = []
+        while True:  # the maker writes a few bytes and exits: this does not wait long
+            chunk = os.read(pid_r, 32)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(pid_r)
+        data = b"".join(chunks)
+        pid = int(data) if data else None
+        if pid is None or pid in self.gone_early:
+            self.gone_early.discard(pid)
+            self.send({"op": "ended", "name": name})
+            return
+        self.pids[pid] = name
+        if name in self.kill_when_known:
+            self.kill_when_known.discard(name)
+            self.kill(pid)
 
     def reap(self):
         try:
@@ -301,9 +327,14 @@ class Pod:
                 return
             if pid == 0:
                 return
+            if pid in self.makers:
+                self.makers.discard(pid)
+                continue
             name = self.pids.pop(pid, None)
             if name is not None:
                 self.send({"op": "ended", "name": name})
+            else:  # a pid 1 whose pid is still in its pipe
+                self.gone_early.add(pid)
 
     def send(self, message):
         try:
