@@ -43,6 +43,7 @@ log = structlog.get_logger("uni_agent.sandbox")
 POD_SOURCE = Path(__file__).with_name("pod_init.py").read_text()
 POD_DIR = "/run/uni-agent-pod"  # pod_init.POD_DIR
 PROBE_TIMEOUT_S = 30.0
+POD_IDLE_S = 20.0  # a pod with no sandbox for this long ends (the next start makes a new one, ~50 ms)
 # The pod's command line: its program and the supervisor's come on stdin (pod_init.py's main).
 BOOT = ("import sys; SUPERVISOR_SOURCE, source = sys.stdin.read().split('\\0'); "
         "exec(compile(source, 'uni-agent-sandbox-pod', 'exec'))")
@@ -85,8 +86,10 @@ class SandboxPod:
             pass  # it ended at once: the probe says why
         self.control = ours
         self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # _ended and _idle_timer
         self._ended: dict[str, concurrent.futures.Future[None]] = {}
         self._gone = False
+        self._idle_timer: threading.Timer | None = None
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._read_replies, name="sandbox-pod-replies", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="sandbox-pod-stderr", daemon=True).start()
@@ -99,7 +102,11 @@ class SandboxPod:
         """Ask for one sandbox; the ends of its supervisor's stdin (to write) and stdout (to read)."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
-        self._ended[request["name"]] = concurrent.futures.Future()
+        with self._state_lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            self._ended[request["name"]] = concurrent.futures.Future()
         try:
             self._send({"op": "start", **request}, [stdin_r, stdout_w])
         except OSError:
@@ -140,6 +147,15 @@ class SandboxPod:
             self.proc.wait()
         self.control.close()
 
+    def _close_if_idle(self) -> None:
+        with _lock, self._state_lock:  # the registry's first, as pod_for takes them
+            if self._ended or self._idle_timer is None:
+                return  # a sandbox came meanwhile
+            self._idle_timer = None
+            if _pods.get(self.key) is self:
+                del _pods[self.key]
+        self.close()
+
     def _send(self, message: dict, fds: list[int] | None = None) -> None:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         with self._send_lock:
@@ -152,7 +168,12 @@ class SandboxPod:
                 if not message:
                     break
                 reply = json.loads(message)
-                future = self._ended.pop(reply.get("name", ""), None)
+                with self._state_lock:
+                    future = self._ended.pop(reply.get("name", ""), None)
+                    if not self._ended and self._idle_timer is None:  # no sandbox left: the pod ends if none comes
+                        self._idle_timer = threading.Timer(POD_IDLE_S, self._close_if_idle)
+                        self._idle_timer.daemon = True
+                        self._idle_timer.start()
                 if reply.get("op") == "ended" and future is not None and not future.done():
                     future.set_result(None)
         except OSError:
@@ -235,7 +256,7 @@ def pod_failure(key: PodKey) -> str:
 
 _pods: dict[PodKey, SandboxPod] = {}
 _broken: dict[PodKey, str] = {}  # why a pod cannot serve here, once its probe failed
-_lock = threading.Lock()
+_lock = threading.Lock()  # the registry's
 
 
 def running_pod(key: PodKey) -> SandboxPod | None:

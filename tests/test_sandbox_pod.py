@@ -1,0 +1,88 @@
+"""The sandbox pod (uni_agent/sandbox/pod.py): local sandboxes forked by one bwrap per worker process.
+
+Real pods, real sandboxes, real namespaces: two sandboxes of one pod must be as far apart as two bwraps (files,
+processes, /tmp, the root, the pod's views), hold no capabilities, and go with everything they started; the pod must
+say plainly what it cannot serve, and a dead pod must fail its sandboxes and be replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+from test_sandbox_local import processes_with, repo, run, sandbox, wait_until_gone  # noqa: F401 - repo: a fixture
+
+from uni_agent.sandbox import SandboxError
+
+
+def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:  # noqa: F811
+    marker = f"4{uuid.uuid4().int % 10000}.5"
+
+    async def main() -> tuple[dict[str, str], str, bool]:
+        async with sandbox(repo, name="a") as a, sandbox(repo, name="b") as b:
+            assert a._pod is not None and a._pod is b._pod and a._proc is None
+            wrote = await a.exec(f"echo a > a.txt && echo a > /tmp/f && echo a > /f && echo a > /dev/shm/f && "
+                                 f"(sleep {marker} > /dev/null 2>&1 &)", 10)
+            assert wrote.exit_code == 0, wrote.output
+            seen = {}
+            for what, command in {
+                "files": "cat a.txt; cat /tmp/f /f /dev/shm/f 2>&1 | grep -c 'No such'",
+                "processes": f"ps -eo args | grep -c '^sleep {marker}' || true",
+                "pod": "ls /run/uni-agent-pod 2>&1 | grep -c 'No such'",
+                "capabilities": "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status | awk '{print $2}' | sort -u",
+                "root": "touch /usr/x 2>&1 | grep -c 'Read-only'; mkdir -p /mnt; mount -t tmpfs t /mnt 2>&1 | grep -c denied",
+                "loopback": "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('up')\"",
+            }.items():
+                seen[what] = (await b.exec(command, 10)).output.strip()
+            mine = (await a.exec(f"ps -eo args | grep -c '^sleep {marker}'", 10)).output.strip()
+            alive_during = bool(processes_with(f"sleep\0{marker}".encode()))
+        return seen, mine, alive_during
+
+    seen, mine, alive_during = run(main())
+    assert seen["files"] == "original a\n3", seen  # a.txt as in the repo; /tmp/f, /f, /dev/shm/f not there
+    assert seen["processes"] == "0" and mine == "1", (seen, mine)
+    assert seen["pod"] == "1", seen
+    assert seen["capabilities"] == "0000000000000000", seen
+    assert seen["root"] == "1\n1", seen
+    assert seen["loopback"] == "up", seen
+    assert alive_during  # the background sleep ran, and is gone with its sandbox:
+    assert wait_until_gone(processes_with(f"sleep\0{marker}".encode()), timeout=10) == []
+
+
+def test_launcher_bwrap_starts_a_bwrap_of_its_own(repo: Path) -> None:  # noqa: F811
+    async def main() -> tuple[bool, bool, str]:
+        async with sandbox(repo, launcher="bwrap") as box:
+            return box._pod is None, box._proc is not None, (await box.exec("cat a.txt", 10)).output
+
+    assert run(main()) == (True, True, "original a\n")
+
+
+def test_launcher_pod_says_what_it_cannot_serve(repo: Path) -> None:  # noqa: F811
+    async def main() -> None:
+        async with sandbox(repo, launcher="pod", network=True):
+            pass
+
+    with pytest.raises(SandboxError, match="`launcher: pod` cannot start it: it has the network"):
+        run(main())
+
+
+def test_a_dead_pod_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: Path) -> None:  # noqa: F811
+    async def main() -> tuple[str, int, int, str]:
+        async with sandbox(repo, name="first") as first:
+            pod = first._pod
+            assert pod is not None
+            os.killpg(pod.proc.pid, signal.SIGKILL)  # bwrap and everything under it: the pod, its sandboxes
+            with pytest.raises(SandboxError) as caught:
+                for _ in range(50):  # the stream ends once the kernel has taken the sandbox down
+                    await first.exec("true", 10)
+                    await asyncio.sleep(0.1)
+            async with sandbox(repo, name="second") as second:
+                assert second._pod is not None
+                return str(caught.value), pod.proc.pid, second._pod.proc.pid, (await second.exec("cat b.txt", 10)).output
+
+    message, dead, new, output = run(main())
+    assert "sandbox pod" in message, message
+    assert new != dead and output == "original b\n"
