@@ -107,6 +107,9 @@ class SessionSandbox(ClosingContext):
         self.name = name
         self.session: Session | None = None
         self._closed = False
+        # Set by a backend whose launch gave the supervisor its first state (environment, working directory) and
+        # whose commands need no probe (the sandbox pod: the host's root and bash): the start skips both round trips.
+        self.launched_ready = False
 
     # -- what a backend provides -------------------------------------------------------------------------------
     async def _launch(self) -> Transport:
@@ -126,17 +129,23 @@ class SessionSandbox(ClosingContext):
         session = Session(self.name, transport.reader, transport.write, transport.describe_end)
         await session.wait_ready(self.config.startup_timeout)
         self.session = session
-        await session.write_file(f"{self.state_dir}/state.sh", self._first_state().encode(), append=True)
+        if not self.launched_ready:
+            await session.write_file(f"{self.state_dir}/state.sh", self._first_state().encode(), append=True)
         await self._provision()
+        if self.launched_ready:
+            return
         probe = await self.exec("true", timeout=max(1.0, self.config.startup_timeout))
         if probe.exit_code != 0:
             raise SandboxStartError(f"sandbox {self.name} does not run commands: exit {probe.exit_code}: "
                                     f"{probe.output.strip()[-2000:]}")
 
+    def first_environment(self) -> dict[str, str]:
+        """What the first command's shell exports besides the supervisor's own environment."""
+        return {**GIT_IDENTITY, **self.extra_env, **self.env_variables}
+
     def _first_state(self) -> str:
         """Appended to the supervisor's environment as the first command's shell state."""
-        env = {**GIT_IDENTITY, **self.extra_env, **self.env_variables}
-        lines = [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+        lines = [f"export {key}={shlex.quote(value)}" for key, value in self.first_environment().items()]
         return "\n".join([*lines, f"mkdir -p -- {shlex.quote(self.workdir)} 2>/dev/null",
                           f"cd -- {shlex.quote(self.workdir)}", ""])
 

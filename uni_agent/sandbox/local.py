@@ -147,11 +147,14 @@ class LocalSandbox(SessionSandbox):
                                    f"{pod_failure(key)}")
             return None
         limit_as = self.config.max_memory_mb * 1024 * 1024 if self.config.max_memory_mb else 0
+        # The first shell's state comes with the launch: the supervisor's environment, its working directory.
         stdin_w, stdout_r = pod.start({
             "name": self.name, "dir": self.dir.name, "lower": f"repos/{self._base.name}", "workdir": self.workdir,
-            "env": env, "as_bytes": limit_as, "cgroup": cgroup.name if cgroup is not None else "",
+            "env": {**env, **self.first_environment()}, "as_bytes": limit_as,
+            "cgroup": cgroup.name if cgroup is not None else "",
             "nproc": self.process_limit.max_processes if self.process_limit.mode == "ulimit" else 0})
         self._pod = pod
+        self.launched_ready = True
 
         async def describe_end() -> str:
             state = "running" if pod.alive else f"gone{pod_stderr(pod)}"

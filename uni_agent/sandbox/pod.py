@@ -286,6 +286,7 @@ def pod_for(key: PodKey, env: dict[str, str]) -> SandboxPod | None:
                         f" the sandbox pod does not work here: {failure}")
             return None
         _pods[key] = pod
+        log.info("sandbox_pod_started", pid=pod.proc.pid, sandboxes=str(key.sandboxes))
         return pod
 
 
