@@ -290,6 +290,9 @@ class LocalSandbox(SessionSandbox):
         pod, self._pod = self._pod, None
         if pod is None:
             return
+        if self._pod_transport is not None:  # its stdin's end of file (also where no session began) ends it
+            self._pod_transport.close()
+            self._pod_transport = None
         ended = asyncio.wrap_future(pod.ended(self.name))
         try:
             await asyncio.wait_for(asyncio.shield(ended), CLOSE_GRACE_S)
@@ -297,9 +300,6 @@ class LocalSandbox(SessionSandbox):
             pod.kill(self.name)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ended, POD_KILL_WAIT_S)
-        if self._pod_transport is not None:
-            self._pod_transport.close()
-            self._pod_transport = None
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
                    merge_stderr: bool = True) -> ExecResult:
