@@ -33,7 +33,8 @@ def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:
                 "processes": f"ps -eo args | grep -c '^sleep {marker}' || true",
                 "pod": "ls /run/uni-agent-pod 2>&1 | grep -c 'No such'",
                 "capabilities": "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status | awk '{print $2}' | sort -u",
-                "root": "touch /usr/x 2>&1 | grep -c 'Read-only'; mkdir -p /mnt; mount -t tmpfs t /mnt 2>&1 | grep -c denied",
+                "root": ("touch /usr/x 2>&1 | grep -c 'Read-only'; "
+                         "mkdir -p /mnt; mount -t tmpfs t /mnt 2>&1 | grep -c denied"),
                 "loopback": "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('up')\"",
             }.items():
                 seen[what] = (await b.exec(command, 10)).output.strip()
@@ -81,7 +82,8 @@ def test_a_dead_pod_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: 
                     await asyncio.sleep(0.1)
             async with sandbox(repo, name="second") as second:
                 assert second._pod is not None
-                return str(caught.value), pod.proc.pid, second._pod.proc.pid, (await second.exec("cat b.txt", 10)).output
+                output = (await second.exec("cat b.txt", 10)).output
+                return str(caught.value), pod.proc.pid, second._pod.proc.pid, output
 
     message, dead, new, output = run(main())
     assert "sandbox pod" in message, message

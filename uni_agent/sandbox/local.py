@@ -23,6 +23,7 @@ import contextlib
 import os
 import shutil
 import uuid
+import weakref
 from pathlib import Path
 
 import structlog
@@ -219,7 +220,7 @@ class LocalSandbox(SessionSandbox):
         possible = os.geteuid() == 0 or self._userns is not None
         wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and possible)
         if wanted and not _overlay_works:  # probed until it first works, then known for the process
-            if await self._probe_overlay():
+            if await self._probe_overlay_once():
                 _overlay_works.append(True)
             elif self.config.workspace == "overlay":
                 raise SandboxError("overlayfs workspace requested but it cannot be mounted here: it needs root, or "
@@ -232,6 +233,15 @@ class LocalSandbox(SessionSandbox):
                         "user namespace): every local sandbox copies its repo and image root, seconds and the "
                         "image's size on disk per start")
         return wanted
+
+    async def _probe_overlay_once(self) -> bool:
+        """The probe's answer, one probe at a time per event loop: a wave's sandboxes all start at once, and each
+        probe is a process chain (128 of them at a worker's first wave, before this)."""
+        loop = asyncio.get_running_loop()
+        probing = _overlay_probes.get(loop)
+        if probing is None or (probing.done() and not probing.result()):
+            probing = _overlay_probes[loop] = loop.create_task(self._probe_overlay())
+        return await asyncio.shield(probing)
 
     async def _probe_overlay(self) -> bool:
         proc = await asyncio.create_subprocess_exec(
@@ -328,4 +338,5 @@ SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1
                 '|| exit 1; shift 4; done; shift; exec "$@"')
 
 _overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
+_overlay_probes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[bool]] = weakref.WeakKeyDictionary()
 _copy_said: list[bool] = []  # [True] once the fallback to copies was logged
