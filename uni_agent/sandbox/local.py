@@ -244,10 +244,21 @@ class LocalSandbox(SessionSandbox):
         return await asyncio.shield(probing)
 
     async def _probe_overlay(self) -> bool:
-        proc = await asyncio.create_subprocess_exec(
-            *self._namespace_prefix(overlay=True), "true", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        return await proc.wait() == 0
+        """Mount an overlay of scratch dirs of the probe's own (not this sandbox's: the probe is shared, and outlives
+        a start that is cancelled meanwhile) in the namespaces a sandbox's chain enters."""
+        assert self.dir is not None
+        scratch = await asyncio.to_thread(make_private_subdir, self.dir.parent, f"overlay-probe-{uuid.uuid4().hex[:8]}",
+                                          ("lower", "upper", "work", "merged"), {OWNER_FILE: str(os.getpid())})
+        try:
+            namespaces = (self._userns.argv(mount=True) if self._userns is not None
+                          else ["unshare", "--mount", "--propagation", "private", "--"])
+            proc = await asyncio.create_subprocess_exec(
+                *namespaces, "sh", "-c", SETUP_SCRIPT, "sh", "", "--",
+                *(str(scratch / sub) for sub in ("lower", "upper", "work", "merged")), "--", "true",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            return await proc.wait() == 0
+        finally:
+            await asyncio.to_thread(remove_sandbox_dir, scratch)
 
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
