@@ -14,6 +14,11 @@ where no overlay can be mounted at all is the workspace a plain copy (said once 
 The chain dies with its owner: `setpriv --pdeathsig KILL` (kept across the execs that follow) and bwrap's
 `--die-with-parent`; the supervisor also exits when its stdin closes. Closing the sandbox ends the pid namespace,
 and with it every process in the sandbox.
+
+Most sandboxes do not need a chain of their own: one over the host's root with an overlay workspace, no network and
+no extra mounts is forked by the worker's sandbox pod (pod.py, `launcher: auto`), the same namespaces and mounts for
+a tenth of the CPU. The chain above serves the rest (images, network, a harness's mounts) and any machine where no
+pod works.
 """
 
 from __future__ import annotations
@@ -349,5 +354,6 @@ SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1
                 '|| exit 1; shift 4; done; shift; exec "$@"')
 
 _overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
+# The overlay probe in flight (or its answer) per event loop: tasks cannot be shared across loops (tests run many)
 _overlay_probes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[bool]] = weakref.WeakKeyDictionary()
 _copy_said: list[bool] = []  # [True] once the fallback to copies was logged
