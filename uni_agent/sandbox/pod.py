@@ -33,10 +33,11 @@ from pathlib import Path
 import structlog
 
 from .bwrap import host_root_args, python_dirs_under_own_dirs
-from .process_limit import remove_cgroup
+from .leftovers import OWNER_FILE, remove_sandbox_dir
+from .private_dir import make_private_subdir
+from .process_limit import ProcessLimit
 from .repo import PACKAGE_DIR
 from .supervisor_launch import SUPERVISOR_SOURCE
-from .userns import remove_tree
 
 log = structlog.get_logger("uni_agent.sandbox")
 
@@ -195,18 +196,17 @@ class SandboxPod:
         """Start one empty sandbox (in a pids cgroup, where sandboxes get one) and wait for its supervisor's ready
         line; None if it came, else what went wrong."""
         name = f"pod-probe-{uuid.uuid4().hex[:8]}"
-        here = self.key.sandboxes / name
-        for sub in ("lower", "upper", "work", "merged", "tmp", "home", "state"):
-            (here / sub).mkdir(parents=True, exist_ok=True)
-        cgroup = f"{os.getpid()}-{name}" if self.key.cgroups is not None else ""  # named as ProcessLimit names them
-        if cgroup:
-            (self.key.cgroups / cgroup).mkdir(exist_ok=True)  # type: ignore[operator]
-            (self.key.cgroups / cgroup / "pids.max").write_text("64")  # type: ignore[operator]
+        # Made and removed as a sandbox's dir and cgroup are: a worker killed mid-probe leaves nothing the next
+        # start's reap would not find.
+        here = make_private_subdir(self.key.sandboxes, name, ("lower", "upper", "work", "merged", "tmp", "home",
+                                                              "state"), {OWNER_FILE: str(os.getpid())})
+        limit = ProcessLimit(name, 64 if self.key.cgroups is not None else None)
         stdin_w = stdout_r = -1
         try:
+            limit.create()
             stdin_w, stdout_r = self.start({"name": name, "dir": name, "lower": f"sandboxes/{name}/lower",
                                             "workdir": "/testbed", "env": env, "as_bytes": 0, "nproc": 0,
-                                            "cgroup": cgroup})
+                                            "cgroup": limit.cgroup.name if limit.cgroup is not None else ""})
             line = _read_line(stdout_r, PROBE_TIMEOUT_S)
             if not line.startswith(b"ready "):
                 return (line.decode("utf-8", "replace").strip() or "no answer") + _tail(self.stderr_tail)
@@ -221,9 +221,8 @@ class SandboxPod:
                 self.ended(name).result(PROBE_TIMEOUT_S)
             except concurrent.futures.TimeoutError:
                 self.kill(name)
-            remove_tree(here)
-            if cgroup:
-                remove_cgroup(self.key.cgroups / cgroup)  # type: ignore[operator]
+            limit.remove()
+            remove_sandbox_dir(here)
 
 
 def _read_line(fd: int, timeout: float) -> bytes:

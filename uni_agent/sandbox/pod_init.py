@@ -245,11 +245,7 @@ class Pod:
         self.gone_early = set()  # pid 1s reaped before their pid came through the pipe
         self.kill_when_known = set()  # names asked to be killed while still starting
         self.poller = select.poll()
-        self.wake_r, self.wake_w = os.pipe()
-        for fd in (self.wake_r, self.wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.wake_r = supervisor["_wake_on_sigchld"]()  # the supervisor's helpers: one copy of each
 
     def serve(self):
         self.poller.register(self.control.fileno(), select.POLLIN)
@@ -316,18 +312,8 @@ class Pod:
             self.kill(pid)
 
     def reap(self):
-        try:
-            while os.read(self.wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        self.supervisor["_drain"](self.wake_r)
+        for pid, _ in self.supervisor["_exited_children"]():
             if pid in self.makers:
                 self.makers.discard(pid)
                 continue

@@ -207,11 +207,7 @@ class Supervisor:
         self.out = sys.stdout.buffer
         self.stdin_fd = sys.stdin.fileno()
         # SIGCHLD wakes the selector through a pipe: the loop notices a command's exit at once.
-        self.wake_r, self.wake_w = os.pipe()
-        for fd in (self.wake_r, self.wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.wake_r = _wake_on_sigchld()
         os.set_blocking(self.stdin_fd, False)
         self.selector.register(self.stdin_fd, Poller.READ, ("inbox", None))
         self.selector.register(self.wake_r, Poller.READ, ("wake", None))
@@ -424,22 +420,12 @@ class Supervisor:
         return True
 
     def drain_wakeups(self):
-        try:
-            while os.read(self.wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
+        _drain(self.wake_r)
         self.reap()
 
     def reap(self):
         """Reap every exited child: as a container's pid 1 the orphans of background processes come to us too."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in _exited_children():
             child = self.children.pop(pid, None)
             if child is not None:
                 child.returncode = _exit_code(status)
@@ -677,6 +663,37 @@ def _become(uid_gid):
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
+
+
+def _wake_on_sigchld():
+    """The read end of a pipe that gets a byte at every SIGCHLD (both ends non-blocking), for a poll loop."""
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r
+
+
+def _drain(fd):
+    """Read a non-blocking pipe empty."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _exited_children():
+    """(pid, status) of each child that has exited, reaped one by one, until none is left."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status
 
 
 def _exit_code(status):
