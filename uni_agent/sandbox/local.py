@@ -39,7 +39,7 @@ from .base import ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv, host_env
 from .image_store import ImageLease, ImageRootfs, ImageStore
 from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir
-from .pod import PodKey, SandboxPod, pod_failure, pod_for, pod_stderr, running_pod
+from .pod import PodClosed, PodKey, SandboxPod, pod_failure, pod_for, pod_stderr, running_pod
 from .private_dir import make_private_subdir, sandbox_root
 from .process_limit import ProcessLimit
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
@@ -146,19 +146,25 @@ class LocalSandbox(SessionSandbox):
         cgroup = self.process_limit.cgroup
         key = PodKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None)
         env = host_env()
-        pod = running_pod(key) or await asyncio.to_thread(pod_for, key, env)
-        if pod is None:
-            if self.config.launcher == "pod":
-                raise SandboxError(f"sandbox {self.name}: `launcher: pod`, but the sandbox pod does not work here: "
-                                   f"{pod_failure(key)}")
-            return None
         limit_as = self.config.max_memory_mb * 1024 * 1024 if self.config.max_memory_mb else 0
         # The first shell's state comes with the launch: the supervisor's environment, its working directory.
-        stdin_w, stdout_r = pod.start({
-            "name": self.name, "dir": self.dir.name, "lower": f"repos/{self._base.name}", "workdir": self.workdir,
-            "env": {**env, **self.first_environment()}, "as_bytes": limit_as,
-            "cgroup": cgroup.name if cgroup is not None else "",
-            "nproc": self.process_limit.max_processes if self.process_limit.mode == "ulimit" else 0})
+        request = {"name": self.name, "dir": self.dir.name, "lower": f"repos/{self._base.name}",
+                   "workdir": self.workdir, "env": {**env, **self.first_environment()}, "as_bytes": limit_as,
+                   "cgroup": cgroup.name if cgroup is not None else "",
+                   "nproc": self.process_limit.max_processes if self.process_limit.mode == "ulimit" else 0}
+        for attempt in range(2):  # a pod that ended for idleness as we took it: the next one
+            pod = running_pod(key) or await asyncio.to_thread(pod_for, key, env)
+            if pod is None:
+                if self.config.launcher == "pod":
+                    raise SandboxError(f"sandbox {self.name}: `launcher: pod`, but the sandbox pod does not work "
+                                       f"here: {pod_failure(key)}")
+                return None
+            try:
+                stdin_w, stdout_r = pod.start(request)
+                break
+            except PodClosed:
+                if attempt:
+                    raise
         self._pod = pod
         self.launched_ready = True
 

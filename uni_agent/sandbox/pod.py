@@ -50,6 +50,10 @@ BOOT = ("import sys; SUPERVISOR_SOURCE, source = sys.stdin.read().split('\\0'); 
         "exec(compile(source, 'uni-agent-sandbox-pod', 'exec'))")
 
 
+class PodClosed(OSError):
+    """The pod ended for idleness between the registry handing it out and the start: take a new one."""
+
+
 @dataclass(frozen=True)
 class PodKey:
     """What a pod binds: a sandbox needs a pod whose views hold its dir, its task snapshot and its cgroup."""
@@ -104,6 +108,10 @@ class SandboxPod:
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         with self._state_lock:
+            if self._gone:  # ended for idleness since the caller took it from the registry
+                for fd in (stdin_r, stdin_w, stdout_r, stdout_w):
+                    os.close(fd)
+                raise PodClosed(f"sandbox pod {self.proc.pid} has ended")
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
                 self._idle_timer = None
@@ -153,6 +161,7 @@ class SandboxPod:
             if self._ended or self._idle_timer is None:
                 return  # a sandbox came meanwhile
             self._idle_timer = None
+            self._gone = True  # a start that took this pod before now asks for a new one (PodClosed)
             if _pods.get(self.key) is self:
                 del _pods[self.key]
         self.close()
