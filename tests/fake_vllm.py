@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import uuid
@@ -74,18 +75,33 @@ def main(argv: list[str]) -> None:
                 call = {"name": "submit", "arguments": "{}"}
             message = {"role": "assistant", "content": "",
                        "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": call}]}
+            # One reply at a time, and the crash decided under the same lock: a request logged here always had its
+            # reply written out whole before the process exits (else a lost reply is asked again of the other
+            # replica and counted twice).
             with lock:
                 served[0] += 1
                 with requests_log.open("a") as f:
                     f.write(json.dumps({"model": body.get("model"), "turn": turn}) + "\n")
-            self._send(200, {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "model": name,
-                             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
-                             "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
-            marker = records / f"crashed-{devices}"
-            if (control.get("crash_devices") == devices and served[0] >= int(control.get("crash_after", 1 << 30))
-                    and not marker.exists()):
-                marker.write_text(str(pid))
-                os._exit(3)
+                self._send(200, {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "model": name,
+                                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                                 "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+                marker = records / f"crashed-{devices}"
+                if (control.get("crash_devices") == devices and served[0] >= int(control.get("crash_after", 1 << 30))
+                        and not marker.exists()):
+                    marker.write_text(str(pid))
+                    self._close_after_the_reply_is_read()
+                    os._exit(3)
+
+        def _close_after_the_reply_is_read(self) -> None:
+            """Send FIN after the reply and wait (at most 2 s) for the client to close its end, so the exit cannot
+            reset the connection before the reply was read."""
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(2)
+                while self.connection.recv(4096):
+                    pass
+            except OSError:
+                pass
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True

@@ -91,4 +91,6 @@ def test_cpu_split_counts_a_workers_descendants_as_sandboxes():
     seconds = split.seconds
     assert 0.65 <= seconds["sandboxes"] <= 1.5, seconds  # 0.7 s burnt, plus three interpreters' start
     assert seconds["sampler"] > 0 and set(seconds) == set(ROLES)
-    assert split.machine_s >= seconds["sandboxes"]
+    # The machine's total (/proc/stat, counted per tick) and a process's times (scaled from its exact runtime) can
+    # differ by a few ticks: the machine must hold the sandboxes' CPU within that.
+    assert split.machine_s >= seconds["sandboxes"] - 0.05

@@ -28,7 +28,8 @@ from uni_agent.sandbox.supervisor import CAPTURE_LIMIT_BYTES
 T = TypeVar("T")
 BACKENDS = ["local", "podman"]
 # `ps` without procps (the podman test image has none): every process's command line, one per line.
-PS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done"
+# stderr is sent away before the file is opened: a process that ends between the glob and the read must not print.
+PS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' 2>/dev/null < $f; echo; done"
 
 
 @pytest.fixture
