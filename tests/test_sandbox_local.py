@@ -605,6 +605,47 @@ def test_async_with_closes(repo: Path, tmp_path: Path) -> None:
     assert list((tmp_path / "sandboxes").iterdir()) == []
 
 
+def test_a_start_cancelled_while_its_dir_is_made_leaves_no_dir(repo: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout whose first model call fails cancels its sandbox's start, which can be in the thread that makes the
+    sandbox's dir: the start waits for that thread, and the close that follows (as start_sandbox's) removes the dir.
+    (The dir used to be made after the close had looked for it, and stayed.)"""
+    import threading
+
+    import uni_agent.sandbox.local as local
+
+    making = threading.Event()
+    make_dir = local.make_private_subdir
+
+    def slow_make_dir(*args: Any, **kwargs: Any) -> Path:
+        making.set()
+        time.sleep(0.5)  # the cancel arrives meanwhile
+        return make_dir(*args, **kwargs)
+
+    monkeypatch.setattr(local, "make_private_subdir", slow_make_dir)
+
+    async def main() -> str:
+        box = make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "cancelled")
+
+        async def start() -> None:
+            try:
+                await box.start()
+            except BaseException:
+                await box.close()
+                raise
+
+        starting = asyncio.ensure_future(start())
+        assert await asyncio.to_thread(making.wait, 30)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        return box.name
+
+    name = run(main())  # asyncio.run returns once every thread of the loop's executor has finished
+    assert not (tmp_path / "sandboxes" / name).exists()
+    assert list((tmp_path / "sandboxes").iterdir()) == []
+
+
 def test_missing_repo_raises_start_error(repo: Path, tmp_path: Path) -> None:
     async def start(repo_ref: str) -> None:
         box = make_sandbox(LocalDeploymentConfig(repo=repo_ref), {}, "missing")

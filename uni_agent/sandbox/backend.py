@@ -72,10 +72,18 @@ async def pipe_transport(stdin_w: int, stdout_r: int, describe_end: Callable[[],
     except BaseException:
         read_pipe.close()
         raise
-    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
-                                                     read_pipe)
-    writer_transport, writer_protocol = await loop.connect_write_pipe(
-        lambda: asyncio.streams.FlowControlMixin(loop=loop), write_pipe)
+    read_transport = None
+    try:
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                                         read_pipe)
+        writer_transport, writer_protocol = await loop.connect_write_pipe(
+            lambda: asyncio.streams.FlowControlMixin(loop=loop), write_pipe)
+    except BaseException:  # cancelled meanwhile: the supervisor reads end of file at once, not at the kill
+        if read_transport is not None:
+            read_transport.close()
+        read_pipe.close()
+        write_pipe.close()
+        raise
     writer = asyncio.StreamWriter(writer_transport, writer_protocol, None, loop)
 
     async def write(data: bytes | None) -> None:

@@ -55,6 +55,27 @@ CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself befor
 POD_KILL_WAIT_S = 10.0  # how long a killed sandbox of the pod may take to be gone
 
 
+async def to_thread_kept(func, *args):
+    """asyncio.to_thread for a call that makes something the teardown must remove (the sandbox's dir, an image
+    lease): a cancel that arrives while the thread runs waits for it, its result is returned, and the cancel is
+    raised again at the caller's next await. (With to_thread the result was lost and the dir made after the
+    teardown had looked for it: a rollout whose first model call failed left its sandbox dir behind.)"""
+    # A plain future, not a task: a loop's shutdown cancels every task, and this one must not be.
+    work = asyncio.get_running_loop().run_in_executor(None, func, *args)
+    cancelled = False
+    try:
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if work.cancelled():
+                    raise
+                cancelled = True
+    finally:
+        if cancelled and (task := asyncio.current_task()) is not None:
+            task.cancel()
+
+
 def image_store() -> ImageStore:
     """This process's view of the node's image cache (UNI_AGENT_IMAGE_CACHE), made on first use."""
     root = os.environ.get("UNI_AGENT_IMAGE_CACHE", "")
@@ -90,7 +111,7 @@ class LocalSandbox(SessionSandbox):
             raise SandboxStartError("bubblewrap (bwrap) is not installed; apt-get install bubblewrap")
         self._userns = await asyncio.to_thread(user_namespace)
         if self.config.image:
-            self._lease = await asyncio.to_thread(image_store().open, self.config.image)
+            self._lease = await to_thread_kept(image_store().open, self.config.image)
             if "workdir" not in self.config.model_fields_set and self._lease.image.workdir:
                 self.workdir = self._lease.image.workdir  # the image's WorkingDir, unless the row names one
             self._check_user(self._lease.image)
@@ -99,7 +120,7 @@ class LocalSandbox(SessionSandbox):
         root = await asyncio.to_thread(sandbox_root)
         await asyncio.to_thread(reap_orphaned_sandboxes, root)
         image_dirs = ("root-upper", "root-work", "root") if self._lease is not None else ()
-        self.dir = await asyncio.to_thread(
+        self.dir = await to_thread_kept(
             make_private_subdir, root, self.name, ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST,
                                                    *image_dirs), {OWNER_FILE: str(os.getpid())})
         self.process_limit.create()
@@ -258,8 +279,8 @@ class LocalSandbox(SessionSandbox):
         """Mount an overlay of scratch dirs of the probe's own (not this sandbox's: the probe is shared, and outlives
         a start that is cancelled meanwhile) in the namespaces a sandbox's chain enters."""
         assert self.dir is not None
-        scratch = await asyncio.to_thread(make_private_subdir, self.dir.parent, f"overlay-probe-{uuid.uuid4().hex[:8]}",
-                                          ("lower", "upper", "work", "merged"), {OWNER_FILE: str(os.getpid())})
+        scratch = await to_thread_kept(make_private_subdir, self.dir.parent, f"overlay-probe-{uuid.uuid4().hex[:8]}",
+                                       ("lower", "upper", "work", "merged"), {OWNER_FILE: str(os.getpid())})
         try:
             namespaces = (self._userns.argv(mount=True) if self._userns is not None
                           else ["unshare", "--mount", "--propagation", "private", "--"])
