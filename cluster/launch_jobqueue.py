@@ -78,7 +78,8 @@ def job_options(args: argparse.Namespace, *, gpu: bool) -> dict[str, Any]:
         "walltime": args.walltime, "job_name": "ua-gpu" if gpu else "ua-sandbox", "interface": args.interface,
         "job_extra_directives": directives, "log_directory": log_directory, "python": sys.executable,
         # Sandboxes wait on subprocesses, not on the CPU: one thread per sandbox slot.
-        "worker_extra_args": ["--resources", resources] + ([] if gpu else ["--nthreads", str(args.sandboxes_per_job)]),
+        "worker_extra_args": ["--resources", resources] + ([] if gpu else ["--nthreads", str(args.sandboxes_per_job),
+                                                                          "--preload", "uni_agent.worker_preload"]),
     }
 
 

@@ -71,17 +71,25 @@ def cluster(tmp_path_factory):
         common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard", *credentials]
         start("gpu-worker", "worker", *common, "--name", "gpu-worker", "--nthreads", "2", "--resources", "GPU=2")
         start("sandbox-worker", "worker", *common, "--name", "sandbox-worker", "--nthreads", "4",
-              "--resources", "SANDBOX=8")
+              "--resources", "SANDBOX=8", "--preload", "uni_agent.worker_preload")  # as cluster/*.sbatch start it
         security = file_security(tls)
         with Client(scheduler_file=str(scheduler_file), security=security) as client:
             client.wait_for_workers(2, timeout=60)
             workers = client.scheduler_info(n_workers=-1)["workers"]
             by_name = {w["name"]: addr for addr, w in workers.items()}
             pids = client.run(os.getpid)
+            # Before any test ran an actor there: what the preload imported at the worker's start. (A function
+            # defined here is sent by value: the workers cannot import this test module.)
+            def rollout_modules_imported() -> list[str]:
+                from uni_agent.worker_preload import MODULES
+
+                return [m for m in MODULES if m in sys.modules]
+
+            preloaded = client.run(rollout_modules_imported)
             yield {"client": client, "scheduler_file": scheduler_file, "tls": tls, "security": security,
                    "records": records, "logs": logs,
                    "gpu": by_name["gpu-worker"], "sandbox": by_name["sandbox-worker"],
-                   "gpu_pid": pids[by_name["gpu-worker"]]}
+                   "gpu_pid": pids[by_name["gpu-worker"]], "preloaded": preloaded}
     finally:
         for proc, out in reversed(procs):
             proc.terminate()
@@ -91,6 +99,15 @@ def cluster(tmp_path_factory):
                 proc.kill()
                 proc.wait()
             out.close()
+
+
+def test_the_worker_preload_imports_the_rollout_modules_at_the_worker_s_start(cluster):
+    """The sandbox worker (--preload uni_agent.worker_preload) has them before any actor started; the GPU worker,
+    started without it, has none: the first run's actors do not wait for the imports."""
+    from uni_agent.worker_preload import MODULES
+
+    assert cluster["preloaded"][cluster["sandbox"]] == list(MODULES)
+    assert cluster["preloaded"][cluster["gpu"]] == []
 
 
 @pytest.fixture

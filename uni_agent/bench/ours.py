@@ -51,6 +51,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
 
     from distributed import Client, LocalCluster
 
+    from ..driver.cluster import WORKER_PRELOAD
     from ..driver.tls import local_security
     from ..runner import run
     from ..sandbox.local import prepare_base_repo, resolve_repo
@@ -60,7 +61,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
     prepare_base_repo(resolve_repo(f"bundled:{TASK}"))  # the shared snapshot is built once per task, not measured
     with LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0", protocol="tls://", security=local_security(),  # as a run's
-                      resources={"SANDBOX": 4096}, silence_logs=logging.ERROR) as cluster, \
+                      resources={"SANDBOX": 4096}, preload=[WORKER_PRELOAD], silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         worker_pids = list(client.run(os.getpid).values())
         pids = [os.getpid(), *worker_pids]

@@ -25,6 +25,7 @@ from .tls import client_security, local_security, scheduler_file_address
 
 SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
 LOCAL_SANDBOXES = 1024  # what a LocalCluster's workers declare: the agents' concurrency is the real bound
+WORKER_PRELOAD = "uni_agent.worker_preload"  # dask worker --preload: a worker imports the rollouts' modules at start
 
 
 @contextlib.asynccontextmanager
@@ -50,6 +51,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             n_workers=settings.local_workers, threads_per_worker=settings.threads_per_worker, processes=True,
             asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787", protocol="tls://",
             security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
+            preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
         ))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny
