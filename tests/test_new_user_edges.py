@@ -44,8 +44,8 @@ def clean_env(tmp_path, monkeypatch):
     (["--n", "0"], "--n must be >= 1 (got 0)"),
     (["--n", "-1"], "--n must be >= 1 (got -1)"),
     (["--max-turns", "0"], "--max-turns must be >= 1 (got 0)"),
-    (["--agent-workers", "0"], "--agent-workers must be >= 1 (got 0)"),
-    (["--num-workers", "0"], "--num-workers must be >= 1 (got 0)"),  # the seed's spelling, named as typed
+    (["--agent-workers", "-1"], "--agent-workers must be >= 0 (got -1)"),  # 0: one per sandbox worker
+    (["--num-workers", "-1"], "--num-workers must be >= 0 (got -1)"),  # the seed's spelling, named as typed
     (["--local-workers", "0"], "--local-workers must be >= 1 (got 0)"),
     (["--n-workers", "0"], "--n-workers must be >= 1 (got 0)"),
     (["--max-samples", "0"], "--max-samples must be -1 (every row) or >= 1 (got 0)"),
@@ -74,15 +74,15 @@ def test_verify_flags_are_checked_too(clean_env, tmp_path, capsys):
 
 
 def test_bad_number_from_variable_file_or_keyword_names_that(clean_env, monkeypatch):
-    monkeypatch.setenv("UNI_AGENT_AGENT_WORKERS", "0")
+    monkeypatch.setenv("UNI_AGENT_AGENT_WORKERS", "-1")
     with pytest.raises(ConfigError) as info:
         load_settings()
-    assert str(info.value) == "UNI_AGENT_AGENT_WORKERS must be >= 1 (got '0')"
+    assert str(info.value) == "UNI_AGENT_AGENT_WORKERS must be >= 0 (got '-1')"
     monkeypatch.delenv("UNI_AGENT_AGENT_WORKERS")
-    monkeypatch.setenv("UNI_AGENT_NUM_WORKERS", "0")  # the old name: named as given
+    monkeypatch.setenv("UNI_AGENT_NUM_WORKERS", "-1")  # the old name: named as given
     with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
         load_settings()
-    assert str(info.value) == "UNI_AGENT_NUM_WORKERS must be >= 1 (got '0')"
+    assert str(info.value) == "UNI_AGENT_NUM_WORKERS must be >= 0 (got '-1')"
     monkeypatch.delenv("UNI_AGENT_NUM_WORKERS")
 
     clean_env.write_text("max_turns: 0\n")
@@ -122,10 +122,10 @@ def test_old_worker_setting_names_still_work_with_a_warning(clean_env, monkeypat
     clean_env.write_text("num_workers: 7\n")
     with pytest.warns(FutureWarning, match=f"{re.escape(str(clean_env))}: num_workers is the old name"):
         assert load_settings().agent_workers == 7
-    clean_env.write_text("num_workers: 0\n")
+    clean_env.write_text("num_workers: -1\n")
     with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
         load_settings()
-    assert str(info.value) == f"{clean_env}: num_workers must be >= 1 (got 0)"
+    assert str(info.value) == f"{clean_env}: num_workers must be >= 0 (got -1)"
     clean_env.write_text("num_workers: 7\nagent_workers: 2\n")
     with pytest.raises(ConfigError, match="num_workers and agent_workers both given"):
         load_settings()

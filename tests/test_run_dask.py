@@ -103,6 +103,16 @@ def test_empty_submission_gets_reward_zero(rows, tmp_path, dask_client):
     assert (outcome.results.patch == "").all()
 
 
+def test_agent_workers_0_gives_every_sandbox_worker_an_agent_worker(rows, tmp_path, dask_client):
+    """The default (0): one actor per sandbox worker process. Actors in one process share its event loop, so a fixed
+    count either left processes of a larger cluster unused (2 actors on a cluster of 20) or doubled up on one."""
+    with ScriptedLLM(lambda b: tool_call_message("submit", {})) as server:
+        outcome = _run(rows[:4], tmp_path, dask_client, server, agent_workers=0, n=2)
+    sandbox_workers = set(dask_client.scheduler_info(n_workers=-1)["workers"])
+    assert len(sandbox_workers) == 2
+    assert set(outcome.results.worker) == sandbox_workers
+
+
 def test_exit_reasons(rows, tmp_path, dask_client):
     def malformed_then_submit(body):
         if assistant_turns(body) == 0:

@@ -89,7 +89,7 @@ def _check_verify_and_infer(env: dict, out: Path, scheduler_file: str | None) ->
 
 def test_sbatch_scripts(slurm, job_env, tmp_path):
     env = {**job_env, "UNI_AGENT_SCHEDULER_PORT": str(_free_port()), "UNI_AGENT_DASHBOARD_PORT": str(_free_port()),
-           "UNI_AGENT_SANDBOXES_PER_NODE": "4",
+           "UNI_AGENT_SANDBOXES_PER_NODE": "4", "UNI_AGENT_WORKERS_PER_NODE": "2",
            "UNI_AGENT_SCHEDULER_SBATCH": "--cpus-per-task=1 --mem=1G --time=00:10:00",
            "UNI_AGENT_GPU_SBATCH": "--gres=gpu:2 --cpus-per-task=1 --mem=1G --time=00:10:00",
            "UNI_AGENT_SANDBOX_SBATCH": "--cpus-per-task=1 --mem=1G --time=00:10:00"}
@@ -106,20 +106,23 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
         time.sleep(0.2)
     with Client(scheduler_file=scheduler_file, timeout=30, security=file_security(Path(env["UNI_AGENT_TLS_DIR"]))) \
             as client:
-        client.wait_for_workers(2, timeout=90)
+        client.wait_for_workers(3, timeout=90)
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         assert sorted((w["name"].split("-")[0], w["resources"]) for w in workers) == [
-            ("gpu", {"GPU": 2.0}), ("sandbox", {"SANDBOX": 4.0})]
+            ("gpu", {"GPU": 2.0}), ("sandbox", {"SANDBOX": 2.0}), ("sandbox", {"SANDBOX": 2.0})]  # 2 processes
         plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
         assert "uni-agent-gpu-leases" in plugins  # the --preload ran
         environ = client.run(lambda: dict(os.environ))
         assert all(e.get("SLURM_JOB_ID") in job_ids[1:] for e in environ.values())  # workers run inside our jobs
-        assert sorted(e.get("CUDA_VISIBLE_DEVICES", "-") for e in environ.values()) == ["-", "0,1"]  # from --gres
+        assert sorted(e.get("CUDA_VISIBLE_DEVICES", "-") for e in environ.values()) == ["-", "-", "0,1"]  # --gres
+        preloaded = client.run(lambda: "uni_agent.episode.worker" in __import__("sys").modules)
+        names = {addr: w["name"] for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+        assert {names[a].split("-")[0]: v for a, v in preloaded.items()} == {"gpu": False, "sandbox": True}
     health = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/health", timeout=10)
     assert health.read() == b"ok"
     page = urllib.request.urlopen(f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}/uni-agent", timeout=10)
     assert page.status == 200 and b"uni-agent" in page.read().lower()  # installed by the preload, before any driver
-    refuses_strangers(scheduler_file, env["UNI_AGENT_TLS_DIR"])
+    refuses_strangers(scheduler_file, env["UNI_AGENT_TLS_DIR"], workers=3)
 
     _check_verify_and_infer(env, tmp_path / "out", scheduler_file)
 
@@ -148,14 +151,14 @@ def test_jobqueue_launcher(slurm, job_env, tmp_path):
     slurm.wait_for(lambda: not slurm.jobs(), 60, "the launcher's jobs to be cancelled")
 
 
-def refuses_strangers(scheduler_file: str, tls_dir: str) -> None:
+def refuses_strangers(scheduler_file: str, tls_dir: str, workers: int = 2) -> None:
     """The cluster speaks TLS, answers its credentials, and refuses clients without them (scheduler and workers)."""
     import asyncio
 
     assert Path(tls_dir, "key.pem").stat().st_mode & 0o777 == 0o600
     with Client(scheduler_file=scheduler_file, timeout=30, security=file_security(Path(tls_dir))) as client:
         addresses = [client.scheduler.address, *client.scheduler_info(n_workers=-1)["workers"]]
-    assert len(addresses) == 3 and all(a.startswith("tls://") for a in addresses), addresses
+    assert len(addresses) == 1 + workers and all(a.startswith("tls://") for a in addresses), addresses
 
     async def probe():
         return {address: await attempts(address) for address in addresses}

@@ -41,7 +41,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--base-url", {"help": "external engine: OpenAI-compatible endpoint, e.g. http://host:8000/v1"}),
     ("--api-key", {"help": "external engine: API key (prefer the UNI_AGENT_API_KEY environment variable)"}),
     ("--agent-workers", {"type": int, "aliases": ["--num-workers"],
-                         "help": "AgentWorker actors (--num-workers: the seed's name)"}),
+                         "help": "AgentWorker actors; 0 (default): one per sandbox worker process "
+                                 "(--num-workers: the seed's name)"}),
     ("--max-turns", {"type": int}),
     ("--n", {"type": int, "help": "rollouts per task"}),
     ("--temperature", {"type": float}),

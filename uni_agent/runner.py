@@ -163,7 +163,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
         workers = await sandbox_workers(client, settings.gpu_resource_name)
-        policy = DispatchPolicy(settings.agent_workers, settings.worker_wait_timeout)
+        policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
         dispatcher = Dispatcher(client, pool, policy, store, settings, await verification_placement(client, workers))
         sharing = asyncio.ensure_future(_share_prompt(engines, todo[0], settings))  # while the agent workers start
         try:

@@ -30,7 +30,7 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_DASHBOARD_HOST", "UNI_AGENT_DASHBOARD_PORT", "UNI_AGENT_GPUS_PER_NODE", "UNI_AGENT_SANDBOXES_PER_NODE",
     "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
     "UNI_AGENT_IMAGE_CACHE", "UNI_AGENT_IMAGE_CACHE_GB", "UNI_AGENT_RUN_AS",  # sandbox/image_store.py, bwrap.py
-    "UNI_AGENT_PREPULL",  # cluster/sandbox-workers.sbatch
+    "UNI_AGENT_PREPULL", "UNI_AGENT_WORKERS_PER_NODE",  # cluster/sandbox-workers.sbatch
     # what a harness program finds in its sandbox (uni_agent/harness/agent.py), never read as settings
     "UNI_AGENT_MODEL", "UNI_AGENT_PROMPT", "UNI_AGENT_PROMPT_FILE", "UNI_AGENT_MESSAGES_FILE", "UNI_AGENT_WORKDIR",
     "UNI_AGENT_MAX_CALLS",
@@ -67,7 +67,9 @@ class RunSettings(BaseSettings):
     tls_dir: str | None = None  # credentials for a tls:// scheduler started apart (uni_agent.driver.tls); None: default
     local_workers: int = Field(2, ge=1)  # worker processes of the LocalCluster a run starts when given no scheduler
     threads_per_worker: int = Field(2, ge=1)
-    agent_workers: int = Field(2, ge=1)  # AgentWorker actors, each running many rollouts as async loops
+    # AgentWorker actors, each running many rollouts as async loops on its dask worker's event loop; 0: one per
+    # sandbox worker process (actors in one process share its loop, so more than one per process adds nothing)
+    agent_workers: int = Field(0, ge=0)
     verify: bool = True
     worker_wait_timeout: float = Field(300, gt=0)
 

@@ -99,7 +99,7 @@ class RolloutService:
                                       dict.fromkeys(self.engines.urls, version))
             self._stack.push_async_callback(self.pool.close)
             workers = await sandbox_workers(self.client, settings.gpu_resource_name)
-            policy = DispatchPolicy(settings.agent_workers, settings.worker_wait_timeout)
+            policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
             self.store = ResultStore(self.output_dir, settings.flush_every)
             self.dispatcher = Dispatcher(self.client, self.pool, policy, self.store, settings,
                                          await verification_placement(self.client, workers))
