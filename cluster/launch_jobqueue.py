@@ -52,9 +52,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpu-memory", default="200GB")
     p.add_argument("--gpu-directive", action="append", default=None,
                    help="sbatch directive of GPU jobs; default --gres=gpu:<gpus-per-job>; repeatable")
-    p.add_argument("--sandbox-jobs", type=int, default=1, help="CPU nodes: one job and one worker each")
-    p.add_argument("--sandboxes-per-job", type=int, default=32)
+    p.add_argument("--sandbox-jobs", type=int, default=1, help="CPU nodes: one job each")
+    p.add_argument("--sandboxes-per-job", type=int, default=32, help="sandboxes at once, split among its processes")
     p.add_argument("--sandbox-cores", type=int, default=16)
+    p.add_argument("--sandbox-processes", type=int, default=0,
+                   help="dask worker processes per sandbox job (default 0: one per 2 cores, at least 1): a process "
+                        "runs its rollouts' agent loops on one event loop, one core")
     p.add_argument("--sandbox-memory", default="64GB")
     p.add_argument("--job-directive", action="append", default=[], help="sbatch directive of every job; repeatable")
     p.add_argument("--wait", type=float, default=600, help="seconds to wait for the workers before giving up")
@@ -64,21 +67,28 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, command
 
 
+def sandbox_processes(args: argparse.Namespace) -> int:
+    return args.sandbox_processes or max(1, args.sandbox_cores // 2)
+
+
 def job_options(args: argparse.Namespace, *, gpu: bool) -> dict[str, Any]:
-    """What a GPU job and a sandbox job are: one worker per job, its resource declared on the command line."""
+    """What a GPU job (one worker) and a sandbox job (sandbox_processes workers) are, each worker's resource declared
+    on the command line."""
+    processes = 1 if gpu else sandbox_processes(args)
+    per_process = -(-args.sandboxes_per_job // processes)
     if gpu:
         cores, memory, queue = args.gpu_cores, args.gpu_memory, args.gpu_queue or args.queue
         resources, directives = f"GPU={args.gpus_per_job}", [*args.job_directive, *args.gpu_directive]
     else:
         cores, memory, queue = args.sandbox_cores, args.sandbox_memory, args.queue
-        resources, directives = f"SANDBOX={args.sandboxes_per_job}", list(args.job_directive)
+        resources, directives = f"SANDBOX={per_process}", list(args.job_directive)
     log_directory = args.log_directory or str(Path(args.scheduler_file).resolve().parent / "logs")
     return {
-        "cores": cores, "memory": memory, "processes": 1, "queue": queue, "account": args.account,
+        "cores": cores, "memory": memory, "processes": processes, "queue": queue, "account": args.account,
         "walltime": args.walltime, "job_name": "ua-gpu" if gpu else "ua-sandbox", "interface": args.interface,
         "job_extra_directives": directives, "log_directory": log_directory, "python": sys.executable,
         # Sandboxes wait on subprocesses, not on the CPU: one thread per sandbox slot.
-        "worker_extra_args": ["--resources", resources] + ([] if gpu else ["--nthreads", str(args.sandboxes_per_job),
+        "worker_extra_args": ["--resources", resources] + ([] if gpu else ["--nthreads", str(per_process),
                                                                           "--preload", "uni_agent.worker_preload"]),
     }
 
@@ -121,7 +131,7 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
                   f"scheduler file {args.scheduler_file}, TLS credentials {tls_dir}; "
                   f"jobs: sandbox x{args.sandbox_jobs}, "
                   f"GPU {[j.job_id for j in gpu_jobs]}", flush=True)
-            wanted = args.sandbox_jobs + args.gpu_jobs
+            wanted = args.sandbox_jobs * sandbox_processes(args) + args.gpu_jobs
             waiting = asyncio.ensure_future(client.wait_for_workers(wanted, timeout=args.wait))
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)

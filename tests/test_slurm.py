@@ -134,17 +134,18 @@ def test_jobqueue_launcher(slurm, job_env, tmp_path):
     scheduler_file = tmp_path / "shared" / "scheduler.json"
     env = {**job_env, "PYTHONPATH": str(REPO_ROOT / "tests")}
     check = (f"from pathlib import Path; import os, test_slurm as t; "
-             f"t.refuses_strangers(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR']); "
+             f"t.refuses_strangers(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR'], 3); "
              f"t._check_verify_and_infer(dict(os.environ), Path({str(tmp_path / 'out')!r}), None)")
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "cluster" / "launch_jobqueue.py"), "--scheduler-file", str(scheduler_file),
          "--host", "127.0.0.1", "--port", "0", "--dashboard-port", str(_free_port()), "--queue", "debug",
          "--walltime", "00:10:00", "--gpu-jobs", "1", "--gpus-per-job", "2", "--gpu-cores", "1", "--gpu-memory", "1GB",
          "--sandbox-jobs", "1", "--sandboxes-per-job", "4", "--sandbox-cores", "1", "--sandbox-memory", "1GB",
+         "--sandbox-processes", "2",
          "--wait", "90", "--", sys.executable, "-c", check],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
-    assert "2 workers connected" in proc.stdout
+    assert "3 workers connected" in proc.stdout  # the GPU worker and the sandbox job's 2 processes
     assert not scheduler_file.exists()
     logs = list((tmp_path / "shared" / "logs").glob("ua-gpu-*.err"))
     assert logs, list((tmp_path / "shared" / "logs").iterdir())
