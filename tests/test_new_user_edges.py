@@ -46,8 +46,8 @@ def clean_env(tmp_path, monkeypatch):
     (["--max-turns", "0"], "--max-turns must be >= 1 (got 0)"),
     (["--agent-workers", "-1"], "--agent-workers must be >= 0 (got -1)"),  # 0: one per sandbox worker
     (["--num-workers", "-1"], "--num-workers must be >= 0 (got -1)"),  # the seed's spelling, named as typed
-    (["--local-workers", "0"], "--local-workers must be >= 1 (got 0)"),
-    (["--n-workers", "0"], "--n-workers must be >= 1 (got 0)"),
+    (["--local-workers", "-1"], "--local-workers must be >= 0 (got -1)"),  # 0: one per 2 CPUs
+    (["--n-workers", "-1"], "--n-workers must be >= 0 (got -1)"),
     (["--max-samples", "0"], "--max-samples must be -1 (every row) or >= 1 (got 0)"),
     (["--max-samples", "-2"], "--max-samples must be -1 (every row) or >= 1 (got -2)"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1 (got 0)"),
@@ -97,6 +97,15 @@ def test_bad_number_from_variable_file_or_keyword_names_that(clean_env, monkeypa
     with pytest.raises(ConfigError) as info:
         load_settings(max_sample=3)
     assert str(info.value) == "max_sample: unknown setting (did you mean max_samples?)"
+
+
+@pytest.mark.parametrize(("cpus", "given", "workers"), [(2, 0, 2), (4, 0, 2), (16, 0, 8), (64, 0, 16), (16, 3, 3)])
+def test_local_workers_0_is_one_per_two_usable_cpus(clean_env, monkeypatch, cpus, given, workers):
+    from uni_agent.driver.cluster import local_worker_count
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)))
+    assert load_settings().local_workers == 0  # the default
+    assert local_worker_count(load_settings(local_workers=given)) == workers
 
 
 def test_old_worker_setting_names_still_work_with_a_warning(clean_env, monkeypatch):

@@ -20,7 +20,8 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--scheduler-address", {"help": "tcp://host:8786 of a running dask scheduler"}),
     ("--scheduler-file", {"help": "scheduler file of a running dask scheduler"}),
     ("--local-workers", {"type": int, "aliases": ["--n-workers"],
-                         "help": "worker processes of the LocalCluster started when no scheduler is given"}),
+                         "help": "worker processes of the LocalCluster started when no scheduler is given; 0 "
+                                 "(default): one per 2 usable CPUs, 2 to 16"}),
     ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
 ]
 

@@ -65,7 +65,8 @@ class RunSettings(BaseSettings):
     scheduler_address: str | None = None
     scheduler_file: str | None = None
     tls_dir: str | None = None  # credentials for a tls:// scheduler started apart (uni_agent.driver.tls); None: default
-    local_workers: int = Field(2, ge=1)  # worker processes of the LocalCluster a run starts when given no scheduler
+    # worker processes of the LocalCluster a run starts when given no scheduler; 0: one per 2 usable CPUs, 2 to 16
+    local_workers: int = Field(0, ge=0)
     threads_per_worker: int = Field(2, ge=1)
     # AgentWorker actors, each running many rollouts as async loops on its dask worker's event loop; 0: one per
     # sandbox worker process (actors in one process share its loop, so more than one per process adds nothing)

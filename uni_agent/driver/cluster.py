@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +49,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
     async with contextlib.AsyncExitStack() as stack:
         # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
         cluster = await stack.enter_async_context(LocalCluster(
-            n_workers=settings.local_workers, threads_per_worker=settings.threads_per_worker, processes=True,
+            n_workers=local_worker_count(settings), threads_per_worker=settings.threads_per_worker, processes=True,
             asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787", protocol="tls://",
             security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
@@ -63,6 +64,14 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
         print_pages(client)
         yield client
+
+
+def local_worker_count(settings: RunSettings) -> int:
+    """settings.local_workers, or for 0 one per 2 CPUs this process may use, 2 to 16: each worker process runs its
+    rollouts' agent loops on one event loop, and 1,024 rollouts on 16 cores did best with 8 (docs/benchmarks.md)."""
+    if settings.local_workers:
+        return settings.local_workers
+    return min(16, max(2, len(os.sched_getaffinity(0)) // 2))
 
 
 def print_pages(client: Client) -> None:
