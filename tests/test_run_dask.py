@@ -82,6 +82,10 @@ def test_solver_resolves_tasks_and_results_are_written(rows, tmp_path, dask_clie
                           "done"], states
     done = [e for e in events if e["state"] == "done"]
     assert all(e["reward"] == 1.0 and json.loads(e["messages"]) for e in done)
+    # Turn events travel in batches (uni_agent.events.WorkerEvents), the other states one by one.
+    batches = [msg for _, msg in dask_client.get_events("uni-agent") if msg.get("kind") == "batch"
+               and all(e.get("run_id") == summary["run_id"] for e in msg["events"])]
+    assert any(e["state"] == "running" for b in batches for e in b["events"])
 
 
 def test_rerun_resumes_without_redoing_rollouts(rows, tmp_path, dask_client):

@@ -12,6 +12,7 @@ import pandas as pd
 from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent.driver.dataset import read_rows
+from uni_agent.events import unbatch
 from uni_agent.redact import redact, register_secret
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
@@ -76,7 +77,8 @@ def test_planted_api_key_appears_in_no_output(tmp_path, dask_client, capfd):
     outputs["results parquet"] = parquet_text(out / "results")
     outputs["outcome.results"] = outcome.results.astype(str).to_csv()
     outputs["stdout"], outputs["stderr"] = captured.out, captured.err
-    events = [msg for _, msg in dask_client.get_events("uni-agent") if msg.get("run_id") == outcome.summary["run_id"]]
+    events = [e for _, msg in dask_client.get_events("uni-agent") for e in unbatch(msg)
+              if e.get("run_id") == outcome.summary["run_id"]]
     assert events
     outputs["dashboard events"] = json.dumps(events)
     leaked = sorted(name for name, text in outputs.items() if SECRET in text)

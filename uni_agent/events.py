@@ -8,6 +8,7 @@ event must not fail a rollout.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from .current_worker import current_worker
 TOPIC = "uni-agent"
 STATES = ("queued", "starting_sandbox", "running", "verifying", "done", "failed")
 MAX_TRAJECTORY_CHARS = 200_000  # the detail view's copy; the full trajectory is in the Parquet results
+TURN_EVENTS_HOLD_S = 0.25  # how long a worker holds turn events to send them as one batch
 
 Emit = Callable[[dict[str, Any]], None]
 log = structlog.get_logger("uni_agent.events")
@@ -52,16 +54,45 @@ def no_emit(_: dict[str, Any]) -> None:
     return None
 
 
-def worker_emitter() -> Emit:
+def worker_emitter(hold_s: float = TURN_EVENTS_HOLD_S) -> WorkerEvents:
     """Events from inside a Dask worker (an actor's rollout), or nothing outside one."""
-    worker = current_worker()
-    if worker is None:
-        return no_emit
+    return WorkerEvents(current_worker(), hold_s)
 
-    def emit(msg: dict[str, Any]) -> None:
+
+class WorkerEvents:
+    """An Emit for a worker. A turn's `running` event waits up to `hold_s` on the worker's event loop and goes with
+    the others of that moment as one batch: one per turn of every rollout was most of the scheduler's work in a run.
+    Any other event goes at once, after those held, and `flush` (the worker calls it when a rollout ends, before the
+    driver hears of it) sends what is held, so each rollout's events still reach the scheduler in order."""
+
+    def __init__(self, worker: Any, hold_s: float):
+        self.worker, self.hold_s = worker, hold_s
+        self.held: list[dict[str, Any]] = []
+
+    def __call__(self, msg: dict[str, Any]) -> None:
+        if self.worker is None:
+            return
         try:
-            worker.log_event(TOPIC, msg)
-        except Exception as exc:  # never let observability break a rollout
-            log.warning("event_dropped", error=repr(exc))
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (a thread): nothing to hold it on
+            loop = None
+        if loop is None or msg.get("state") != "running":
+            self.flush()
+            self._send([msg])
+            return
+        self.held.append(msg)
+        if len(self.held) == 1:
+            loop.call_later(self.hold_s, self.flush)
 
-    return emit
+    def flush(self) -> None:
+        events = self.held[:]
+        self.held.clear()
+        self._send(events)
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return
+        try:
+            self.worker.log_event(TOPIC, events[0] if len(events) == 1 else batch_event(events))
+        except Exception as exc:  # never let observability break a rollout
+            log.warning("event_dropped", error=repr(exc), events=len(events))

@@ -89,6 +89,7 @@ class AgentWorker:
             done: tuple[Any, ...] = (spec.key, await self.run_rollout(spec), None)
         except Exception as exc:  # reaches the driver as this rollout's failed actor call
             done = (spec.key, None, f"{type(exc).__name__}: {exc}")
+        self.emit.flush()  # its turn events reach the scheduler before the driver's next event for it
         self._finished.append(done)
         self._finished_event.set()
 
