@@ -76,12 +76,10 @@ class WorkerEvents:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not on an event loop (a thread): nothing to hold it on
             loop = None
-        if loop is None or msg.get("state") != "running":
-            self.flush()
-            self._send([msg])
-            return
         self.held.append(msg)
-        if len(self.held) == 1:
+        if loop is None or msg.get("state") != "running":
+            self.flush()  # with what is held before it, as one message
+        elif len(self.held) == 1:
             loop.call_later(self.hold_s, self.flush)
 
     def flush(self) -> None:
