@@ -16,6 +16,7 @@ import pytest
 from test_sandbox_local import processes_with, repo, run, sandbox, wait_until_gone  # noqa: F401 - repo: a fixture
 
 from uni_agent.sandbox import SandboxError
+from uni_agent.sandbox.local import LocalSandbox
 
 
 def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:  # noqa: F811
@@ -88,3 +89,37 @@ def test_a_dead_pod_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: 
     message, dead, new, output = run(main())
     assert "sandbox pod" in message, message
     assert new != dead and output == "original b\n"
+
+
+
+NICE_AND_GROUP = "awk '{print $19}' /proc/$$/stat; cat /proc/$$/autogroup 2>/dev/null || echo none"
+
+
+@pytest.mark.parametrize("launcher", ["pod", "bwrap"])
+def test_sandboxes_run_cpu_nice_below_the_worker(repo: Path, launcher: str) -> None:  # noqa: F811
+    """`cpu_nice` steps below the worker, whichever way the sandbox starts; 0 keeps them level. In the pod, the
+    sandboxes share the pod's one scheduling autogroup, at the same nice, instead of one each (a session each)."""
+    ours = os.nice(0)
+    autogroups = launcher == "pod" and os.path.exists("/proc/self/autogroup")
+
+    async def seen_in(box: LocalSandbox) -> tuple[int, str]:
+        for _ in range(30):  # the pod sets its autogroup's nice at once, or, when the kernel says later, 0.11 s on
+            result = await box.exec(NICE_AND_GROUP, 10)
+            assert result.exit_code == 0, result.output
+            nice, group = result.stdout.decode().split("\n", 1)
+            if not autogroups or box.config.cpu_nice == 0 or group.split()[-2:] == ["nice", "7"]:
+                break
+            await asyncio.sleep(0.1)
+        return int(nice), group
+
+    async def main() -> list[tuple[int, str]]:
+        async with sandbox(repo, name="a", launcher=launcher, cpu_nice=7) as a, \
+                sandbox(repo, name="b", launcher=launcher, cpu_nice=7) as b, \
+                sandbox(repo, name="level", launcher=launcher, cpu_nice=0) as level:
+            return [await seen_in(box) for box in (a, b, level)]
+
+    (a_nice, a_group), (b_nice, b_group), (level_nice, level_group) = run(main())
+    assert a_nice == b_nice == min(ours + 7, 19) and level_nice == ours, (a_nice, b_nice, level_nice, ours)
+    if autogroups:
+        assert a_group == b_group and a_group.split()[-2:] == ["nice", "7"], (a_group, b_group)  # one, at nice 7
+        assert level_group not in (a_group, open("/proc/self/autogroup").read()), level_group  # the other pod's

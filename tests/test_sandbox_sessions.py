@@ -114,19 +114,21 @@ def test_cwd_exports_and_unset_persist(open_sandbox: Callable[..., Sandbox]) -> 
 
 def test_a_command_starts_as_from_a_plain_shell(open_sandbox: Callable[..., Sandbox]) -> None:
     """The supervisor starts each command's shell itself (fork and exec): the command gets default SIGPIPE (a pipe
-    reader that quits ends `yes`), no descriptor but its three pipes, and a session of its own."""
+    reader that quits ends `yes`), no descriptor but its three pipes, and a process group of its own, in the
+    sandbox's one session (a session per command would be a scheduling autogroup per command)."""
+    ids = "ids() { awk '{print $5, $6}' /proc/$1/stat; }; echo $(ids $$) $$"
 
     async def body(box: Sandbox) -> list[bytes]:
         pipe = await box.exec("yes | head -n 1; echo ${PIPESTATUS[@]}", 10)
         fds = await box.exec("ls /proc/self/fd | sort -n | tr '\\n' ' '", 10)
-        session = await box.exec("ps_sid() { awk '{print $6}' /proc/$1/stat; }; echo $(ps_sid $$) $$", 10)
-        return [pipe.stdout, fds.stdout, session.stdout]
+        return [pipe.stdout, fds.stdout, (await box.exec(ids, 10)).stdout, (await box.exec(ids, 10)).stdout]
 
-    pipe, fds, session = with_box(open_sandbox, body)
+    pipe, fds, first, second = with_box(open_sandbox, body)
     assert pipe == b"y\n141 0\n"  # yes died of SIGPIPE (128 + 13), as in any shell
     assert fds.split() == [b"0", b"1", b"2", b"3"], fds  # 3: the directory `ls` reads
-    sid, pid = session.split()
-    assert sid == pid, session  # the shell leads its own session (so a timeout kills its group, nothing else)
+    group, sid, pid = first.split()
+    assert group == pid, first  # the shell leads its own group (so a timeout kills its group, nothing else)
+    assert sid != pid and second.split()[1] == sid, (first, second)  # no session of its own: the sandbox's
 
 
 def test_a_timeout_kills_only_its_own_command(open_sandbox: Callable[..., Sandbox]) -> None:
@@ -206,7 +208,7 @@ from uni_agent.sandbox import supervisor
 if sys.argv[1] == "fork":
     del os.posix_spawn  # as on Python < 3.8
 passed_r, passed_w = os.pipe()
-script = ('read -r line <&"$PASSED"; echo "$line"; awk \'{print $6 == $1}\' /proc/$$/stat; '
+script = ('read -r line <&"$PASSED"; echo "$line"; awk \'{print $5 == $1 && $6 != $1}\' /proc/$$/stat; '
           'grep SigIgn /proc/$$/status; for f in {0..64}; do [ -e /proc/$$/fd/$f ] && printf "$f "; done; echo; '
           'echo err >&2')  # a stat per fd: a pipeline or `ls` would open descriptors of its own while it looks
 child = supervisor.Child(["/bin/bash", "-c", script], {"PASSED": str(passed_r)}, passed_r)
@@ -224,14 +226,14 @@ sys.stdout.write(out.decode())
 @pytest.mark.parametrize("method", ["posix_spawn", "fork"])
 def test_the_supervisors_child_starts_alike_either_way(method: str) -> None:
     """Where Python lacks posix_spawn (< 3.8, an old image) the supervisor forks: the shell it starts must look the
-    same, a session leader with default SIGPIPE, its stdio on pipes and the passed fd open, nothing else. (In a fresh
-    process, whose descriptors are only its own.)"""
+    same, a process group leader (not a session leader) with default SIGPIPE, its stdio on pipes and the passed fd
+    open, nothing else. (In a fresh process, whose descriptors are only its own.)"""
     done = subprocess.run([sys.executable, "-I", "-c", CHILD_PROBE, method], capture_output=True, text=True,
                           timeout=60, env={"PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr
     head, passed, session, ignored, fds = done.stdout.splitlines()
     status, passed_fd, err = head.split()
     assert (status, err) == ("0", "err"), head
-    assert passed == "through the passed fd" and session == "1", done.stdout  # its own session
+    assert passed == "through the passed fd" and session == "1", done.stdout  # its own group, not its own session
     assert int(ignored.split()[1], 16) & (1 << (signal.SIGPIPE - 1)) == 0, ignored  # SIGPIPE not ignored
     assert fds.split() == ["0", "1", "2", passed_fd], fds  # no descriptor of the supervisor's own

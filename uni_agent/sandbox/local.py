@@ -165,7 +165,8 @@ class LocalSandbox(SessionSandbox):
         """The sandbox forked by the pod; None where no pod works here (`launcher: auto` then starts a bwrap)."""
         assert self.dir is not None and self._base is not None
         cgroup = self.process_limit.cgroup
-        key = PodKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None)
+        key = PodKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None,
+                     self.config.cpu_nice)
         env = host_env()
         limit_as = self.config.max_memory_mb * 1024 * 1024 if self.config.max_memory_mb else 0
         # The first shell's state comes with the launch: the supervisor's environment, its working directory.
@@ -300,6 +301,8 @@ class LocalSandbox(SessionSandbox):
     def _argv(self, overlay: bool) -> list[str]:
         # The cgroup is joined first, so the whole sandbox (bwrap, supervisor, commands) counts against pids.max.
         prefix = self.process_limit.command_prefix() + ["setpriv", "--pdeathsig", "KILL"]
+        if self.config.cpu_nice:
+            prefix += ["nice", "-n", str(self.config.cpu_nice)]
         return prefix + self._namespace_prefix(overlay) + self._bwrap_args()
 
     def _namespace_prefix(self, overlay: bool) -> list[str]:

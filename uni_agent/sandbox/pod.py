@@ -56,18 +56,21 @@ class PodClosed(OSError):
 
 @dataclass(frozen=True)
 class PodKey:
-    """What a pod binds: a sandbox needs a pod whose views hold its dir, its task snapshot and its cgroup."""
+    """What a pod binds: a sandbox needs a pod whose views hold its dir, its task snapshot and its cgroup, and that
+    runs at its CPU priority (`cpu_nice`: every sandbox of a pod inherits the pod's)."""
 
     sandboxes: Path
     repos: Path
     cgroups: Path | None
+    nice: int = 0
 
 
 class SandboxPod:
     def __init__(self, key: PodKey):
         self.key = key
         keep = python_dirs_under_own_dirs()
-        config = {"keep": keep, "hide": [PACKAGE_DIR] if any(PACKAGE_DIR.startswith(d + "/") for d in keep) else []}
+        config = {"keep": keep, "hide": [PACKAGE_DIR] if any(PACKAGE_DIR.startswith(d + "/") for d in keep) else [],
+                  "nice": key.nice}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = ["bwrap", "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-ipc", "--unshare-pid",
                 "--unshare-net", "--unshare-uts", "--die-with-parent", "--new-session", "--cap-add", "ALL",

@@ -15,6 +15,12 @@ Like the supervisor it uses the standard library alone and runs on the host's py
 anything from a sandbox: what it reads is the worker's control socket, which no sandbox can reach (its children
 close every descriptor but their own pipes before the supervisor starts).
 
+CPU priority: the pod runs `nice` steps below the worker (CONFIG's "nice"), and every sandbox is a fork of it. No
+sandbox, and no command in one, starts a session of its own (process groups instead): the kernel schedules each
+session as an autogroup with the weight of a whole process, so 256 sandboxes as 256 sessions would outweigh the
+worker, the scheduler and the driver 256 to 1. The pod's own session (bwrap --new-session) is one autogroup for all
+its sandboxes, set to the same nice.
+
 Control protocol (a SOCK_SEQPACKET socket, one JSON object per message):
   worker → pod   {"op": "start", "name", "dir", "lower", "workdir", "env", "as_bytes", "nproc", "cgroup"}
                  (dir: the sandbox's dir under sandboxes/, lower: the overlay's lower dir under POD_DIR, cgroup:
@@ -27,6 +33,7 @@ End of file on the control socket (the worker is gone) ends every sandbox and th
 
 import array
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -42,6 +49,8 @@ STATE_DIR = "/run/uni-agent"
 PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")  # read-only in every sandbox's /proc
 NEW_ROOT = POD_DIR + "/root"  # where a sandbox's root is built, in its own mount namespace, before pivot_root
 OWN_DIRS = ("proc", "tmp", "root", "run")  # the pod's are not bound: each sandbox gets its own
+AUTOGROUP_RETRY_MS = 110  # the kernel takes one unprivileged autogroup change per 100 ms, machine-wide
+AUTOGROUP_TRIES = 100
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine, 155)
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
@@ -212,7 +221,7 @@ def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
     if child == 0:
         try:
             os.close(pid_r)
-            os.setsid()
+            os.setpgid(0, 0)  # a group of its own, not a session: see "CPU priority" above
             if request.get("cgroup"):  # joined before anything of the sandbox runs: all of it counts
                 with open(os.path.join(POD_DIR, "cgroup", _plain_name(request["cgroup"]), "cgroup.procs"), "w") as f:
                     f.write("0")
@@ -250,8 +259,12 @@ class Pod:
     def serve(self):
         self.poller.register(self.control.fileno(), select.POLLIN)
         self.poller.register(self.wake_r, select.POLLIN)
+        nice = self.config.get("nice", 0)
+        autogroup_tries = AUTOGROUP_TRIES if nice else 0
         while True:
-            for fd, _ in self.poller.poll():
+            if autogroup_tries:
+                autogroup_tries = 0 if _set_autogroup_nice(nice) else autogroup_tries - 1
+            for fd, _ in self.poller.poll(AUTOGROUP_RETRY_MS if autogroup_tries else None):
                 if fd == self.wake_r:
                     self.reap()
                 elif fd in self.starting:
@@ -341,6 +354,22 @@ class Pod:
             self.kill(pid)
 
 
+def _set_autogroup_nice(nice):
+    """Give this session's autogroup `nice`. True when done, or when there is nothing to do (a kernel without
+    autogroups; where the cpu cgroup controller places us, autogroups do not apply); False: try again later."""
+    try:
+        fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+    except OSError:
+        return True
+    try:
+        os.write(fd, str(nice).encode())
+        return True
+    except OSError as exc:
+        return exc.errno != errno.EAGAIN
+    finally:
+        os.close(fd)
+
+
 def main(supervisor_source):
     supervisor = {"__name__": "uni_agent_sandbox_supervisor"}
     exec(compile(supervisor_source, "uni-agent-supervisor", "exec"), supervisor)
@@ -350,6 +379,8 @@ def main(supervisor_source):
     control = socket.socket(fileno=int(sys.argv[1]))
     config = json.loads(sys.argv[2])  # {"keep": [dirs bound again over /tmp, /root], "hide": [dirs under a tmpfs]}
     _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # the sandboxes' pid 1s stay ours
+    if config.get("nice"):
+        os.nice(config["nice"])  # before the first fork: every sandbox inherits it
     pod = Pod(config, control, supervisor)
     try:
         pod.serve()

@@ -25,8 +25,9 @@ Relay (a way out of a sandbox whose network is off, e.g. to the model gateway; o
                      close CONN                     the program sends no more on CONN (it closed, or the socket broke)
 Each side sends `close` once per connection (a half-close: the other direction goes on); the connection is gone when
 both have. Data for a connection that is gone is dropped. Bytes for a program that does not read are buffered here.
-A command runs as `bash run.sh` in a session (and so a process group) of its own. At its timeout, or on cancel, that
-group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
+A command runs as `bash run.sh` in a process group of its own (not a session: the kernel schedules each session as
+an autogroup weighing as much as a whole process, so a session per command would let a burst of commands outweigh
+everything else on the machine). At its timeout, or on cancel, that group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
 `nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
 dropped, so they never block on a full pipe. The working directory and exported variables carry over: run.sh saves
 them when the shell exits and the next command's shell restores them; a command's environment is that state alone
@@ -117,7 +118,7 @@ class Key:
 
 
 class Child:
-    """A shell in a session of its own with its stdin, stdout and stderr on pipes. Started with posix_spawn (a vfork:
+    """A shell in a process group of its own with its stdin, stdout and stderr on pipes. Started with posix_spawn (a vfork:
     a fork would copy this process's page tables and then fault on every page it writes while the child execs),
     else, before Python 3.8, with fork and exec."""
 
@@ -146,17 +147,17 @@ class Child:
         if hasattr(os, "posix_spawn"):
             os.set_inheritable(pass_fd, True)  # only while spawning: the caller closes it right after
             try:
-                return os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=default,
+                return os.posix_spawn(argv[0], argv, env, setpgroup=0, setsigdef=default,
                                       file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
                                                     for target, fd in enumerate(stdio)])
-            except NotImplementedError:  # a libc without POSIX_SPAWN_SETSID
+            except NotImplementedError:  # a libc without it
                 pass
             finally:
                 os.set_inheritable(pass_fd, False)
         pid = os.fork()
         if pid == 0:
             try:
-                os.setsid()
+                os.setpgid(0, 0)
                 for target, fd in enumerate(stdio):
                     os.dup2(fd, target)
                 os.set_inheritable(pass_fd, True)
