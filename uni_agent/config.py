@@ -120,11 +120,11 @@ class LocalDeploymentConfig(DeploymentBase):
     mounts: dict[str, str] = Field(default_factory=dict)
     """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
     environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
-    cpu_nice: int = Field(default=10, ge=0, le=19)
+    cpu_nice: int = Field(default=0, ge=0, le=19)
     """How far below the worker the sandbox's processes run for the CPU, as `nice` counts (0: level with it, 19:
-    last). Above 0, when a burst of commands fills every core, the agent loops, the model client and Dask still run
-    at once, so the commands cannot hold up every other rollout's next step; the commands get every core nothing of
-    ours wants (docs/benchmarks.md, "Sandbox CPU priority")."""
+    last): a polite setting for a node shared with others. Not a speed-up: at 10 the rollouts ran no faster, and on
+    16 cores slower, their sandbox starts and commands waiting longer (docs/benchmarks.md, "Sandbox sessions and CPU
+    priority")."""
     launcher: Literal["auto", "pod", "bwrap"] = "auto"
     """How a sandbox is started. pod: forked by the worker's sandbox pod (one bwrap per worker process; ~3 ms of CPU
     a start); bwrap: a bwrap, a mount and a Python interpreter of its own (~30 ms); auto: the pod where it serves the
