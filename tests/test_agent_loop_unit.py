@@ -273,3 +273,33 @@ def test_mask_abnormal_exit_masks_every_end_but_submit():
     assert result.masked and result.mask_reason == "mask_abnormal_exit_traj: exit_reason max_turns"
     submitted, _ = _run(lambda body: tool_call_message("submit", {}), FakeSandbox(), agent)
     assert not submitted.masked
+
+
+def test_with_a_sandbox_closer_the_result_returns_before_the_close_and_the_worker_waits_for_it(tmp_path):
+    """An agent worker hands each finished rollout's sandbox to agent_loop.sandbox_closer: the result (patch taken)
+    comes back without waiting for the close, and the worker's own close waits for every sandbox still closing."""
+    from uni_agent.episode.agent_loop import sandbox_closer
+    from uni_agent.episode.worker import AgentWorker
+
+    class SlowToClose(FakeSandbox):
+        async def close(self):
+            await asyncio.sleep(0.5)
+            await super().close()
+
+    sandbox = SlowToClose(patch=PATCH)
+    agent = _agent()
+
+    async def main():
+        worker = AgentWorker(["http://127.0.0.1:9/v1"], "scripted", None, {}, 10.0, str(tmp_path))
+        with ScriptedLLM(lambda body: tool_call_message("submit", {})) as server:
+            client = ChatClient(server.base_url, "scripted", max_attempts=1)
+            sandbox_closer.set(worker._close_later)  # as run_rollout sets it for each rollout's task
+            result = await UniAgentLoop(agent, client, open_sandbox=opener(sandbox)).run(_spec(agent))
+            await client.aclose()
+        closed_when_returned = sandbox.closed
+        await worker.close()
+        return result, closed_when_returned
+
+    result, closed_when_returned = asyncio.run(main())
+    assert result.patch == PATCH and result.total_s < 0.5  # the patch was taken; the close was not waited for
+    assert not closed_when_returned and sandbox.closed  # AgentWorker.close waited for it

@@ -25,11 +25,13 @@ from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
 from ..registry import import_object
+from ..sandbox import Sandbox
+from .agent_loop import sandbox_closer
 from .replica_versions import ReplicaVersions
 from .rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
-CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts to close their sandboxes
+CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts and the sandboxes still closing
 ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni_agent.driver.mailbox polls every 2 s)
 
 
@@ -55,11 +57,13 @@ class AgentWorker:
         self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
         self._finished_event = asyncio.Event()
         self._running: dict[tuple[str, int], asyncio.Task] = {}  # rollout key -> its task
+        self._closing: set[asyncio.Task] = set()  # finished rollouts' sandboxes, closing (agent_loop.sandbox_closer)
         self._last_collect = time.monotonic()
         self._watch: asyncio.Task | None = None
 
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
         use_pidfd_child_watcher()
+        sandbox_closer.set(self._close_later)  # this rollout's task only: its result returns before the close ends
         session = self.router.session()
         try:
             loop_class = import_object(spec.agent.target)
@@ -93,6 +97,23 @@ class AgentWorker:
         self._finished.append(done)
         self._finished_event.set()
 
+    def _close_later(self, sandbox: Sandbox) -> None:
+        task = asyncio.ensure_future(self._close(sandbox))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close(sandbox: Sandbox) -> None:
+        try:
+            await sandbox.close()
+        except Exception as exc:  # the result is recorded already; what is left is the log's
+            log.warning("sandbox_close_failed", sandbox=getattr(sandbox, "name", "?"),
+                        error=f"{type(exc).__name__}: {exc}")
+
+    async def _closes_done(self, timeout: float | None = None) -> None:
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=timeout)
+
     async def _cancel_orphans(self) -> None:
         """A driver that died leaves its rollouts running here (Dask drops the actor, not its tasks): when no one has
         collected for ORPHAN_AFTER_S, they are cancelled, which closes their sandboxes. A live driver collects every
@@ -122,6 +143,7 @@ class AgentWorker:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+            await self._closes_done()  # theirs among them
         return len(tasks)
 
     async def pause_replica(self, url: str, drain_timeout: float) -> int:
@@ -149,6 +171,7 @@ class AgentWorker:
         if running:  # and are closed before this returns: the cluster may close this worker's loop right after,
             # and a sandbox process still open then is an "Event loop is closed" traceback (and a leak)
             await asyncio.wait(running, timeout=CLOSE_WAIT_S)
+        await self._closes_done(CLOSE_WAIT_S)  # so are the finished rollouts' sandboxes still closing
         for client in self.clients.values():
             await client.aclose()
 
