@@ -27,12 +27,13 @@ Each side sends `close` once per connection (a half-close: the other direction g
 both have. Data for a connection that is gone is dropped. Bytes for a program that does not read are buffered here.
 A command runs as `bash run.sh` in a process group of its own (not a session: the kernel schedules each session as
 an autogroup weighing as much as a whole process, so a session per command would let a burst of commands outweigh
-everything else on the machine). At its timeout, or on cancel, that group is killed, nothing else. A command is over when its shell exits: whatever it put in the background (`&`,
-`nohup`, `setsid`) keeps running until the sandbox closes, and the output such processes write later is read and
-dropped, so they never block on a full pipe. The working directory and exported variables carry over: run.sh saves
-them when the shell exits and the next command's shell restores them; a command's environment is that state alone
-(so `unset` sticks), which starts as the supervisor's own environment plus what the host appends at start. End of
-stdin ends the supervisor and every process group it started (its owner is gone).
+everything else on the machine). At its timeout, or on cancel, that group is killed, nothing else. A command is over
+when its shell exits: whatever it put in the background (`&`, `nohup`, `setsid`) keeps running until the sandbox
+closes, and the output such processes write later is read and dropped, so they never block on a full pipe. The
+working directory and exported variables carry over: run.sh saves them when the shell exits and the next command's
+shell restores them; a command's environment is that state alone (so `unset` sticks), which starts as the
+supervisor's own environment plus what the host appends at start. End of stdin ends the supervisor and every process
+group it started (its owner is gone).
 """
 
 import os
@@ -118,9 +119,9 @@ class Key:
 
 
 class Child:
-    """A shell in a process group of its own with its stdin, stdout and stderr on pipes. Started with posix_spawn (a vfork:
-    a fork would copy this process's page tables and then fault on every page it writes while the child execs),
-    else, before Python 3.8, with fork and exec."""
+    """A shell in a process group of its own with its stdin, stdout and stderr on pipes. Started with posix_spawn (a
+    vfork: a fork would copy this process's page tables and then fault on every page it writes while the child
+    execs), else, before Python 3.8, with fork and exec."""
 
     def __init__(self, argv, env, pass_fd):
         ends = []
