@@ -260,6 +260,8 @@ class Pod:
         self.poller.register(self.control.fileno(), select.POLLIN)
         self.poller.register(self.wake_r, select.POLLIN)
         nice = self.config.get("nice", 0)
+        if nice:
+            os.nice(nice)  # before the first fork: every sandbox inherits it
         autogroup_tries = AUTOGROUP_TRIES if nice else 0
         while True:
             if autogroup_tries:
@@ -377,10 +379,9 @@ def main(supervisor_source):
     os.dup2(null, 0)  # the sources came on it
     os.close(null)
     control = socket.socket(fileno=int(sys.argv[1]))
-    config = json.loads(sys.argv[2])  # {"keep": [dirs bound again over /tmp, /root], "hide": [dirs under a tmpfs]}
+    config = json.loads(sys.argv[2])  # {"keep": [dirs bound again over /tmp, /root], "hide": [dirs under a tmpfs],
+    #                                     "nice": cpu_nice}
     _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # the sandboxes' pid 1s stay ours
-    if config.get("nice"):
-        os.nice(config["nice"])  # before the first fork: every sandbox inherits it
     pod = Pod(config, control, supervisor)
     try:
         pod.serve()
