@@ -151,14 +151,14 @@ def _run_id(output_dir: Path) -> str:
 
 
 async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
-                        log_dir: Path, manifest: RunManifest | None = None) -> None:
+                        log_dir: Path, manifest: RunManifest) -> None:
     try:  # the live page and metrics (a no-op when the scheduler has them); not worth failing a run for
         await client.register_plugin(UniAgentDashboard())
     except Exception as exc:
         log.warning("dashboard_not_registered", error=repr(exc))
     engines = await start_engines(client, settings, str(log_dir))
-    if manifest is not None:
-        manifest.note(engines=await engine_versions(engines.urls, engines.api_key), model_name=engines.model_name)
+    # What each engine says it is goes into run.json; asked while the agent workers start, not before.
+    versions = asyncio.ensure_future(engine_versions(engines.urls, engines.api_key))
     pool = ActorPool(client, engines, settings, log_dir)
     try:
         print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
@@ -172,9 +172,11 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
             sharing.cancel()
             raise
         await sharing
+        manifest.note(engines=await versions, model_name=engines.model_name)
         # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
         await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
             dispatcher.run_id, level, message))
     finally:
+        versions.cancel()  # a run that ended before its engines answered
         await pool.close()
         await engines.stop()

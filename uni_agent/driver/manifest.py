@@ -198,19 +198,23 @@ def git_info() -> dict[str, Any]:
 
 
 async def engine_versions(urls: list[str], api_key: str | None = None) -> list[dict[str, Any]]:
-    """What each engine says it is: vLLM's GET /version, llama-server's GET /props (build_info); best effort."""
-    import httpx
+    """What each engine says it is: vLLM's GET /version, llama-server's GET /props (build_info); best effort. On
+    aiohttp, which the driver has loaded already (httpx would import its transport at the run's start)."""
+    import asyncio
+
+    import aiohttp
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     found = []
-    async with httpx.AsyncClient(timeout=5, headers=headers) as http:
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as http:
         for url in urls:
             root, entry = url.rstrip("/").removesuffix("/v1"), {"url": url}
             for path, pick in (("/version", "version"), ("/props", "build_info")):
-                with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
-                    response = await http.get(root + path)
-                    if response.status_code == 200 and pick in response.json():
-                        entry[pick] = response.json()[pick]
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError):
+                    async with http.get(root + path) as response:
+                        body = json.loads(await response.text()) if response.status == 200 else {}
+                    if pick in body:
+                        entry[pick] = body[pick]
             found.append(entry)
     return found
 
