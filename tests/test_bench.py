@@ -56,6 +56,9 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     # The machine's CPU covers the framework's and the sandboxes' (and the endpoint's, and what rusage misses).
     assert row["machine_cpu_ms_per_turn"] >= 0.9 * (row["framework_cpu_ms_per_turn"] + row["sandbox_cpu_ms_per_turn"])
     assert 0 < row["sandbox_start_p50_ms"] <= row["sandbox_start_p95_ms"]
+    # The run's fixed cost around its rollouts: positive, and less than the run (whose every call is 0.1 s).
+    assert 0 < row["lead_in_s"] and 0 <= row["tail_s"] and row["lead_in_s"] + row["tail_s"] < row["makespan_s"] - 0.6
+    assert "lead-in/tail s" in text
     assert not math.isnan(row["peak_mib_per_rollout"]) and row["peak_mib_per_rollout"] >= 0
     assert report["endpoint"]["requests"] == 8 * 3
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["ok"] == 8

@@ -109,7 +109,7 @@ def _figure(value: float | None, fmt: str) -> str:
 
 SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("framework_cpu_ms_per_turn", "{:.2f}"),
                 ("machine_cpu_ms_per_turn", "{:.2f}"), ("sandbox_start_p50_ms", "{:.0f}"),
-                ("sandbox_start_p95_ms", "{:.0f}"), ("ok", "{}")]
+                ("sandbox_start_p95_ms", "{:.0f}"), ("lead_in_s", "{:.2f}"), ("tail_s", "{:.2f}"), ("ok", "{}")]
 
 
 def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
@@ -119,7 +119,7 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
     old, new = ours(before), ours(after)
     labels = {"efficiency": "eff", "rollouts_per_min": "rollouts/min", "framework_cpu_ms_per_turn": "fw CPU ms/turn",
               "machine_cpu_ms_per_turn": "machine CPU ms/turn", "sandbox_start_p50_ms": "start p50 ms",
-              "sandbox_start_p95_ms": "start p95 ms", "ok": "ok"}
+              "sandbox_start_p95_ms": "start p95 ms", "lead_in_s": "lead-in s", "tail_s": "tail s", "ok": "ok"}
     head = f"{'conc':>5} | {'workers':>7} | " + " | ".join(
         f"{labels[name]} {which}".rjust(24) for name, _ in SWEEP_FIELDS for which in (f"({ref[:8]})", "(now)"))
     lines = [head, "-" * len(head)]

@@ -75,11 +75,11 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         with _profiles(pids, profile_dir, f"ours-w{workers}-c{concurrency}"), PeakMemory(pids) as memory, \
                 CpuSplit(os.getpid(), scheduler_tids, worker_pids, endpoint_pids or []) as split, \
                 contextlib.redirect_stderr(log):
-            started = time.monotonic()
+            started, wall_started = time.monotonic(), time.time()
             outcome = run(rows, bench_agents(concurrency, turns), client=client, engine="external",
                           base_url=base_url, model_name="scripted", n=rollouts, agent_workers=workers, verify=False,
                           progress=False, output_dir=str(out_dir), log_level="INFO")
-            makespan = time.monotonic() - started
+            makespan, wall_returned = time.monotonic() - started, time.time()
         machine_cpu = machine_cpu_seconds() - machine_before
         after_workers = client.run(cpu_now)
         after_driver = cpu_now()
@@ -96,6 +96,9 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "system": "uni-agent", "workers": workers, "concurrency": concurrency, "rollouts": rollouts, "ok": ok,
         "makespan_s": makespan, "ideal_s": ideal, "efficiency": ideal / makespan,
         "rollouts_per_min": rollouts / makespan * 60,
+        # The run's fixed cost: from the call to the first rollout's start, and from the last one's end to the return.
+        "lead_in_s": float(results["started_at"].min()) - wall_started,
+        "tail_s": wall_returned - float(results["finished_at"].max()),
         "llm_calls": llm_calls, "commands": commands,
         "framework_cpu_s": workers_cpu.own + driver_cpu.own,
         "framework_cpu_ms_per_turn": (workers_cpu.own + driver_cpu.own) / max(1, llm_calls) * 1000,

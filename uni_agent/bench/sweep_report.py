@@ -17,7 +17,7 @@ TARGET_PEER_RATIO = 2.0  # rollouts/min against mini-swe-agent's at TARGET_EFFIC
 COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
            ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
            ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("machine CPU ms/turn", 19, "{}"),
-           ("start p50/p95 ms", 16, "{}"),
+           ("start p50/p95 ms", 16, "{}"), ("lead-in/tail s", 14, "{}"),
            ("MiB/rollout", 11, "{:.2f}"), ("load", 5, "{:.1f}")]
 
 
@@ -37,6 +37,7 @@ def table_line(row: dict[str, Any]) -> str:
         "machine CPU ms/turn": f"{row['machine_cpu_ms_per_turn']:.2f}" if "machine_cpu_ms_per_turn" in row else "n/a",
         "start p50/p95 ms": "n/a (none)" if math.isnan(row["sandbox_start_p50_ms"])
         else f"{row['sandbox_start_p50_ms']:.0f}/{row['sandbox_start_p95_ms']:.0f}",
+        "lead-in/tail s": f"{row['lead_in_s']:.2f}/{row['tail_s']:.2f}" if "lead_in_s" in row else "n/a",
         "MiB/rollout": row["peak_mib_per_rollout"], "load": row["load"],
     }
     return " | ".join(fmt.format(values[name]).rjust(width) for name, width, fmt in COLUMNS)
