@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from aiohttp import web
+from loopback_http import served
 
 from uni_agent.driver.manifest import engine_versions
 from uni_agent.llm import LLMError, check_endpoint
@@ -27,15 +28,11 @@ class Endpoint:
     async def __aenter__(self) -> str:
         app = web.Application()
         app.router.add_get("/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/v1"
+        self._served = served(app)
+        return await self._served.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
+        await self._served.__aexit__(*exc)
 
 
 def test_check_endpoint_lists_the_models_and_sends_the_key() -> None:

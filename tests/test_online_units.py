@@ -9,6 +9,7 @@ import json
 
 import pytest
 from aiohttp import web
+from loopback_http import served
 
 from uni_agent.episode.rollout import RolloutResult, RolloutSpec
 from uni_agent.online.batch import RolloutBatch
@@ -100,15 +101,11 @@ class StandInVllm:
         app = web.Application()
         for route in ("/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache"):
             app.router.add_post(route, self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return f"http://127.0.0.1:{port}/v1"
+        self._served = served(app)
+        return await self._served.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.runner.cleanup()
+        await self._served.__aexit__(*exc)
 
 
 def test_vllm_weights_through_its_runtime_endpoints() -> None:
