@@ -114,6 +114,10 @@ class RunSettings(BaseSettings):
     write_retry_timeout: float = Field(600, gt=0)  # results that cannot be written: retried this long, then the run ends
     log_level: str = "INFO"
     progress: bool = True
+    # The run's LocalCluster serves Dask's dashboard and the uni-agent page (behind a per-run token); false: neither
+    dashboard: bool = True
+    # outputs, logs and caches are private to you (0700/0600); true: your group may read them (0750/0640)
+    share_with_group: bool = False
     retry_errors: bool = False  # a resumed run re-runs the rollouts whose failure_kind is infra, replacing their rows
     # Token-exact trajectories (uni_agent.llm.TOKEN_CAPTURE): auto = llama_server for llama_cpp, vllm for vllm, off for
     # an external endpoint (name its protocol to capture there)

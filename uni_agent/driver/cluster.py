@@ -21,6 +21,7 @@ from typing import Any
 from distributed import Client, LocalCluster
 
 from ..dashboard import page_url
+from ..private_dirs import dask_dir
 from ..settings import RunSettings
 from .tls import client_security, local_security, scheduler_file_address
 
@@ -53,6 +54,8 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787", protocol="tls://",
             security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
+            # Dask's default (/tmp/dask-scratch-space) may be another user's, and it lands on the workers' sys.path
+            local_directory=str(dask_dir()),
         ))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny

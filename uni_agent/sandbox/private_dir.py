@@ -62,7 +62,7 @@ def ensure_private_dir(path: Path, *, parents: bool, setting: str = "") -> Path:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
         what = "is a symbolic link" if os.path.islink(path) else f"cannot be opened as a directory ({exc.strerror})"
-        raise UnsafeDirectory(f"sandbox directory {path} {what}; refusing to use it{way_out}") from None
+        raise UnsafeDirectory(f"private directory {path} {what}; refusing to use it{way_out}") from None
     try:
         check_private(fd, path, way_out)
     finally:
@@ -74,18 +74,18 @@ def check_private(fd: int, path: Path, way_out: str = "") -> None:
     info = os.fstat(fd)
     me = os.geteuid()
     if info.st_uid != me:
-        raise UnsafeDirectory(f"sandbox directory {path} is owned by {_user(info.st_uid)}, not by you "
-                              f"({_user(me)}); refusing to use it{way_out}")
+        raise UnsafeDirectory(f"private directory {path} is owned by {owner_name(info.st_uid)}, not by you "
+                              f"({owner_name(me)}); refusing to use it: ask them to remove it{way_out}")
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o022:
-        raise UnsafeDirectory(f"sandbox directory {path} is writable by group or others (mode {mode:04o}): someone "
+        raise UnsafeDirectory(f"private directory {path} is writable by group or others (mode {mode:04o}): someone "
                               f"else may have put entries in it; remove it{way_out}")
     if mode & 0o077:
         os.fchmod(fd, mode & 0o700)
         log.warning("sandbox_dir_tightened", path=str(path), mode_was=f"{mode:04o}", mode="0700")
 
 
-def _user(uid: int) -> str:
+def owner_name(uid: int) -> str:
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -100,7 +100,7 @@ def make_private_subdir(root: Path, name: str, subdirs: tuple[str, ...], files: 
     try:
         root_fd = os.open(root, flags)
     except OSError as exc:
-        raise UnsafeDirectory(f"sandbox directory {root} cannot be opened as a directory of its own "
+        raise UnsafeDirectory(f"private directory {root} cannot be opened as a directory of its own "
                               f"({exc.strerror}); refusing to use it") from None
     try:
         check_private(root_fd, root)
