@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError
+from .driver.interrupt import RunInterrupted
+from .sandbox.private_dir import UnsafeDirectory
 from .engines.registry import ENGINES
 from .registry import is_import_path
 
@@ -246,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as stop:
+        print(stop, file=sys.stderr)
+        return stop.exit_status
+    except UnsafeDirectory as exc:  # a private directory squatted or loose: the message says which and what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         from .redact import redact
 

@@ -16,9 +16,11 @@ directory, its owner and the fix: a refused directory must not turn every rollou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from .sandbox.private_dir import ROOT_VARIABLE, UnsafeDirectory, ensure_private_dir, owner_name
@@ -57,6 +59,17 @@ def umask_for(share_with_group: bool) -> int:
     return 0o027 if share_with_group else 0o077
 
 
+@contextlib.contextmanager
+def private_files(share_with_group: bool = False) -> Iterator[None]:
+    """While a run lasts, what it creates (and what its LocalCluster's worker processes, started meanwhile, create)
+    is closed to others: the process umask, put back afterwards for the code that called the run."""
+    previous = os.umask(umask_for(share_with_group))
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 def prepare_output_dir(path: Path, share_with_group: bool = False) -> Path:
     """The output dir, made with its parents, ours and closed to others (0700, or 0750 shared with the group).
     One that another user owns, or that others may write, is refused: they could swap what the run writes."""
@@ -92,4 +105,4 @@ def preflight(output_dir: Path | None = None, *, share_with_group: bool = False,
 
 
 __all__ = ["CACHE_VARIABLE", "ROOT_VARIABLE", "UnsafeDirectory", "cache_dir", "dask_dir", "output_dir_mode",
-           "preflight", "prepare_output_dir", "private_cache_dir", "private_tmp", "umask_for"]
+           "preflight", "prepare_output_dir", "private_cache_dir", "private_files", "private_tmp", "umask_for"]

@@ -29,6 +29,7 @@ from .dashboard import UniAgentDashboard
 from .driver.dataset import RowProblem
 from .driver.cluster import cluster_client, sandbox_workers, verification_placement
 from .driver.dispatch import AgentWorkersLost, Dispatcher
+from .driver.interrupt import RunInterrupted, run_until_stopped
 from .driver.inputs import load_inputs
 from .driver.policy import DispatchPolicy
 from .driver.pool import ActorPool
@@ -37,16 +38,18 @@ from .engines.shared_prompt import share_prompt
 from .llm import token_capture_for
 from .logs import configure_logging
 from .driver.manifest import RunManifest, engine_versions
+from .private_dirs import preflight, prepare_output_dir, private_files
 from .redact import register_secret
 from .registry import import_object
-from .driver.results import ResultsNotWritten, ResultStore
+from .driver.results import ResultsNotWritten, ResultStore, recorded_rows
 from .episode.agent_loop import UniAgentLoop, first_request
 from .episode.rollout import RolloutSpec
 from .settings import RunSettings, load_settings
 from .driver.summary import summarize
 from .episode.trajectory import capture_note
 
-__all__ = ["AgentWorkersLost", "EngineFailed", "ResultsNotWritten", "RunOutcome", "run", "run_async"]
+__all__ = ["AgentWorkersLost", "EngineFailed", "ResultsNotWritten", "RunInterrupted", "RunOutcome", "run",
+           "run_async"]
 log = structlog.get_logger("uni_agent.runner")
 
 
@@ -74,7 +77,12 @@ def run(
     settings = load_settings(settings, **overrides)
     address = client.scheduler.address if client is not None else None
     security = client.security if client is not None else None  # the run connects anew: with the same credentials
-    return asyncio.run(run_async(data, agent_config, settings, scheduler_address=address, security=security))
+    try:
+        return run_until_stopped(run_async(data, agent_config, settings, scheduler_address=address,
+                                           security=security))
+    except RunInterrupted as stop:  # say how many rows the output dir holds now
+        output_dir = settings.output_path()
+        raise RunInterrupted(stop.signum, recorded_rows(output_dir), str(output_dir)) from None
 
 
 async def run_async(
@@ -84,13 +92,23 @@ async def run_async(
     scheduler_address: str | None = None,
     security: Any = None,
 ) -> RunOutcome:
+    with private_files(settings.share_with_group):
+        return await _run(data, agent_config, settings, scheduler_address, security)
+
+
+async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str | Path | AgentConfigs | None,
+               settings: RunSettings, scheduler_address: str | None, security: Any) -> RunOutcome:
     started = time.monotonic()
     output_dir = settings.output_path()
     log_dir = output_dir / "logs"
     register_secret(settings.api_key_value())
+    # Every private directory is checked before anything is made or started: a squatted one ends the run here,
+    # with one line naming it, instead of turning every rollout into an error row.
+    preflight(output_dir if output_dir.exists() else None, share_with_group=settings.share_with_group)
     run_id = _run_id(output_dir)
 
     inputs = load_inputs(data, agent_config, settings, output_dir, run_id=run_id, n=settings.n, purpose="run")
+    prepare_output_dir(output_dir, settings.share_with_group)
     agents, specs, problems = inputs.agents, inputs.specs, inputs.problems
     # Only a run that passed validation leaves logs/ and run.json (the manifest, below) behind.
     configure_logging(log_dir, "driver", settings.log_level)

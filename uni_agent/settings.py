@@ -34,6 +34,7 @@ OTHER_VARIABLES = frozenset({
     # what a harness program finds in its sandbox (uni_agent/harness/agent.py), never read as settings
     "UNI_AGENT_MODEL", "UNI_AGENT_PROMPT", "UNI_AGENT_PROMPT_FILE", "UNI_AGENT_MESSAGES_FILE", "UNI_AGENT_WORKDIR",
     "UNI_AGENT_MAX_CALLS",
+    "UNI_AGENT_DRIVER_STOPS_WORKER",  # uni_agent.worker_preload: a LocalCluster's worker leaves SIGINT to the driver
 })
 
 # Old setting names, still accepted as keywords, UNI_AGENT_* variables and settings-file keys, with a FutureWarning

@@ -9,8 +9,16 @@ everything is imported on first use, as before.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
 from typing import Any
+
+# Set by the run's own LocalCluster for its worker processes: a Ctrl-C in the terminal reaches every process of the
+# foreground group, and the driver alone decides how the run stops (uni_agent.driver.interrupt). A worker that took
+# the SIGINT itself would die mid-call and print its traceback over the driver's one line.
+DRIVER_STOPS_ME = "UNI_AGENT_DRIVER_STOPS_WORKER"
 
 # The modules the first rollout on a worker would import. Harness agents (uni_agent.harness) are left to first use:
 # few runs use them.
@@ -30,4 +38,7 @@ def import_rollout_modules() -> None:
 
 
 def dask_setup(worker: Any) -> None:
+    if os.environ.get(DRIVER_STOPS_ME) == "1":
+        with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT as it is
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     import_rollout_modules()

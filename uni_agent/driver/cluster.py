@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 from ..dashboard import page_url
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
+from ..worker_preload import DRIVER_STOPS_ME
 from .tls import client_security, local_security, scheduler_file_address
 
 SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
@@ -56,6 +57,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
             # Dask's default (/tmp/dask-scratch-space) may be another user's, and it lands on the workers' sys.path
             local_directory=str(dask_dir()),
+            env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
         ))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny

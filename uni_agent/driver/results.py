@@ -236,3 +236,10 @@ def _history(row: dict[str, Any]) -> list[dict[str, Any]]:
     kept = {k: v.item() if hasattr(v, "item") else v for k, v in kept.items()}  # numpy scalars -> Python
     kept = {k: None if isinstance(v, float) and v != v else v for k, v in kept.items()}  # NaN of old files -> null
     return [*earlier, kept]
+
+
+def recorded_rows(output_dir: str | Path) -> int:
+    """How many rollouts the output dir holds (what a resumed run will not run again)."""
+    if not (Path(output_dir) / "results").is_dir():
+        return 0
+    return len(ResultStore(output_dir).read(columns=KEY))

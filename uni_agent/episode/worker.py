@@ -163,6 +163,9 @@ class AgentWorker:
                       "paused": v.paused(url), "version": v.version[url]} for url in self.clients}
 
     async def close(self) -> None:
+        # A collect call waiting here is proxied by the scheduler: answered now, it is not still open when the
+        # cluster closes this worker (the scheduler would log that as an ERROR at every run's end).
+        self._finished_event.set()
         if self._watch is not None:
             self._watch.cancel()
         running = list(self._running.values())
