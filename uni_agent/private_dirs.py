@@ -106,3 +106,10 @@ def preflight(output_dir: Path | None = None, *, share_with_group: bool = False,
 
 __all__ = ["CACHE_VARIABLE", "ROOT_VARIABLE", "UnsafeDirectory", "cache_dir", "dask_dir", "output_dir_mode",
            "preflight", "prepare_output_dir", "private_cache_dir", "private_files", "private_tmp", "umask_for"]
+
+
+if __name__ == "__main__":  # `python -m uni_agent.private_dirs`: the checked path for `dask worker --local-directory`
+    try:
+        print(dask_dir())
+    except UnsafeDirectory as refused:
+        raise SystemExit(f"uni-agent: {refused}") from None
