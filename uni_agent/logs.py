@@ -1,10 +1,12 @@
-"""structlog setup: JSON lines, one file per process, secrets redacted, bound to run/instance/rollout by callers."""
+"""structlog setup: JSON lines, one file per process, secrets redacted, bound to run/instance/rollout by callers; and
+what strangers' connection attempts make Dask log kept off the user's console (RefusedConnections)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ def configure_logging(log_dir: str | Path, process_name: str, level: str = "INFO
         cache_logger_on_first_use=False,
     )
     _configured = str(path)
+    keep_strangers_off_console()  # what another user's connection attempts make Dask log goes here, not to the console
     return path
 
 
@@ -68,3 +71,53 @@ class LogFile:
         self.dropped += 1
         if self.dropped == 1:
             print(f"warning: log lines to {self.path} are being lost: {exc}", file=sys.stderr)
+
+
+# -- what strangers make Dask log --------------------------------------------------------------------------------------
+
+# The messages Dask's TLS listeners log for a connection that never became a peer: any local user can make one per
+# connection attempt on any of the run's ports, so on the console they would be a stranger's way to fill the user's
+# terminal. They say nothing the user can act on (the connection was refused, as it should be).
+_REFUSED_CONNECTION_MESSAGES = frozenset({
+    "Listener on %r: TLS handshake failed with remote %r: %s",
+    "Connection from %s closed before handshake completed",
+})
+_REFUSED_LOGGER = "distributed.comm.tcp"
+REFUSED_PER_MINUTE = 10  # lines in the run's log; more within a minute are counted in the next line, not written
+
+
+class RefusedConnections(logging.Filter):
+    """Keeps refused connections off the console: each goes to the run's log file instead (when this process has one,
+    at most REFUSED_PER_MINUTE lines a minute, so refusals cannot fill the disk either), else to DEBUG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = self.unlogged = 0
+        self.window_start, self.in_window = 0.0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in _REFUSED_CONNECTION_MESSAGES:
+            return True  # everything else Dask says stays where it was
+        self.refused += 1
+        now = time.monotonic()
+        if now - self.window_start >= 60:
+            self.window_start, self.in_window = now, 0
+        if self.in_window >= REFUSED_PER_MINUTE:
+            self.unlogged += 1
+            return False
+        self.in_window += 1
+        detail, unlogged = record.getMessage(), self.unlogged
+        self.unlogged = 0
+        if _configured is not None:
+            structlog.get_logger("uni_agent.strangers").info("connection_refused", detail=detail,
+                                                             refused_so_far=self.refused, not_logged_before=unlogged)
+        else:
+            logging.getLogger("uni_agent.strangers").debug("%s (%d refused so far)", detail, self.refused)
+        return False
+
+
+def keep_strangers_off_console() -> None:
+    """Install RefusedConnections in this process (idempotent): the scheduler's and the workers' processes."""
+    logger = logging.getLogger(_REFUSED_LOGGER)
+    if not any(isinstance(f, RefusedConnections) for f in logger.filters):
+        logger.addFilter(RefusedConnections())

@@ -15,6 +15,8 @@ import os
 import signal
 from typing import Any
 
+from .logs import keep_strangers_off_console
+
 # Set by the run's own LocalCluster for its worker processes: a Ctrl-C in the terminal reaches every process of the
 # foreground group, and the driver alone decides how the run stops (uni_agent.driver.interrupt). A worker that took
 # the SIGINT itself would die mid-call and print its traceback over the driver's one line.
@@ -38,6 +40,7 @@ def import_rollout_modules() -> None:
 
 
 def dask_setup(worker: Any) -> None:
+    keep_strangers_off_console()  # another user's connection attempts on this worker's ports: not on the console
     if os.environ.get(DRIVER_STOPS_ME) == "1":
         with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT as it is
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -10,7 +10,8 @@ Routes, next to Dask's dashboard (same host and port, so the same bind address: 
     /uni-agent/api/state.json?run=RUN_ID&limit=200     one run's live state (default: the newest run)
     /uni-agent/api/rollout/RUN_ID/INSTANCE_ID/K.json   one rollout: state history, trajectory, verification
 
-and Prometheus metrics named `uni_agent_*` on the scheduler's `/metrics`.
+and Prometheus metrics named `uni_agent_*` on the scheduler's `/metrics`. Wherever the page is installed, the
+scheduler's whole HTTP server answers only requests that carry its token (uni_agent.dashboard.guard).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
 from ..events import TOPIC
+from .guard import guard_pages
 from .records import SANDBOX_BUCKETS
 from .state import DashboardState
 
@@ -54,6 +56,7 @@ class UniAgentDashboard(SchedulerPlugin):
                 self.state.apply(msg)
         http = getattr(scheduler, "http_application", None)
         if http is not None:
+            guard_pages(scheduler)  # the page holds prompts and hidden tests: never served without the token
             self._app = web.Application(routes(self, self.prefix))
             http.add_application(self._app)
             _link_from_dask_dashboard(scheduler)
@@ -87,7 +90,9 @@ class UniAgentDashboard(SchedulerPlugin):
 
 
 def dask_setup(scheduler: Any) -> None:
-    """`dask scheduler --preload uni_agent.dashboard.plugin`: the page exists before any driver connects."""
+    """`dask scheduler --preload uni_agent.dashboard.plugin`: the page exists before any driver connects, and the
+    scheduler's pages need the token from the start."""
+    guard_pages(scheduler)
     scheduler.add_plugin(UniAgentDashboard(), idempotent=True)
 
 

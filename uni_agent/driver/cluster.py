@@ -20,7 +20,7 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
-from ..dashboard import page_url
+from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
 from ..worker_preload import DRIVER_STOPS_ME
@@ -45,14 +45,15 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
         async with Client(address, asynchronous=True, security=security) as client:
             await wait_for_workers(client, settings.worker_wait_timeout, gpu_resource=settings.gpu_resource_name,
                                    gpus=gpus_needed(settings))
-            print_pages(client)
+            await print_pages(client)
             yield client
         return
     async with contextlib.AsyncExitStack() as stack:
         # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
         cluster = await stack.enter_async_context(LocalCluster(
             n_workers=local_worker_count(settings), threads_per_worker=settings.threads_per_worker, processes=True,
-            asynchronous=True, host="127.0.0.1", dashboard_address="127.0.0.1:8787", protocol="tls://",
+            asynchronous=True, host="127.0.0.1", protocol="tls://",
+            dashboard_address="127.0.0.1:8787" if settings.dashboard else None,
             security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
             # Dask's default (/tmp/dask-scratch-space) may be another user's, and it lands on the workers' sys.path
@@ -67,7 +68,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
                 security=cluster.security, dashboard_address="127.0.0.1:0",
                 resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
-        print_pages(client)
+        await print_pages(client, serve=settings.dashboard)
         yield client
 
 
@@ -79,15 +80,24 @@ def local_worker_count(settings: RunSettings) -> int:
     return min(16, max(2, len(os.sched_getaffinity(0)) // 2))
 
 
-def print_pages(client: Client) -> None:
-    """Where to watch: Dask's dashboard and the uni-agent page next to it (any scheduler: local, file, address)."""
+async def print_pages(client: Client, serve: bool = True) -> None:
+    """Where to watch: Dask's dashboard and the uni-agent page next to it (any scheduler: local, file, address), each
+    address with the token its pages ask for (uni_agent.dashboard.guard), fetched over the authenticated comm; the
+    scheduler guards its pages now if nothing did before. serve=False (the run's LocalCluster with the dashboard
+    setting off): the scheduler's HTTP server stops listening instead."""
+    if not serve:
+        await client.run_on_scheduler(stop_pages)
+        print("dask dashboard and uni-agent page: off (the dashboard setting is false)", file=sys.stderr)
+        return
     link = client.dashboard_link
     if not link:
         print("uni-agent page: none (the scheduler serves no dashboard; start it without --no-dashboard)",
               file=sys.stderr)
         return
-    print(f"dask dashboard: {link}", file=sys.stderr)
-    print(f"uni-agent page: {page_url(link)}", file=sys.stderr)
+    token, bound, port = await client.run_on_scheduler(page_access)
+    link = tunnel_friendly(link, bound, port)
+    print(f"dask dashboard: {with_token(link, token)}", file=sys.stderr)
+    print(f"uni-agent page: {with_token(page_url(link), token)}", file=sys.stderr)
 
 
 def gpus_needed(settings: RunSettings) -> int:
