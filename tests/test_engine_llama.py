@@ -142,6 +142,8 @@ def test_server_command_line():
     assert cmd[cmd.index("--parallel") + 1] == "8"
     assert cmd[cmd.index("--ctx-size") + 1] == str(8 * 4096)  # each slot gets the whole context_length
     assert "--cont-batching" in cmd and "--n-gpu-layers" not in cmd
+    assert "--no-slots" in cmd  # no slot listing for anyone (tests/test_security_engines.py)
+    assert not any("key" in arg for arg in cmd)  # the API key goes in the environment, never on a command line
     gpu = server_command("/b/llama-server", "/m/x.gguf", "x", host="h", port=1, slots=128, context_length=8192,
                          threads=4, gpu=True)
     assert gpu[gpu.index("--n-gpu-layers") + 1] == "999"
@@ -191,7 +193,7 @@ def test_parallel_slots_batch_conversations_and_keep_their_prefix(tmp_path):
     reply is a valid tool call under the schema, and each second turn reads only its new tokens (its slot kept the
     first turn's prompt)."""
     server = LlamaServer(default_model_path(), "smol", variant="cpu", slots=4, context_length=2048,
-                         threads=os.cpu_count() or 2, log_path=str(tmp_path / "engine.log"))
+                         threads=os.cpu_count() or 2, log_path=str(tmp_path / "engine.log"), api_key="run-key")
     schema = {"type": "json_object", "schema": tool_call_json_schema(TOOLS)}
     complete = []
 
@@ -217,18 +219,18 @@ def test_parallel_slots_batch_conversations_and_keep_their_prefix(tmp_path):
     async def main():
         url = await server.start(120)
         try:
-            async with httpx.AsyncClient(timeout=300) as http:
+            async with httpx.AsyncClient(timeout=300, headers={"Authorization": "Bearer run-key"}) as http:
                 started = time.monotonic()
                 results = await asyncio.gather(*(conversation(http, url, i) for i in range(4)))
                 wall = time.monotonic() - started
-                slots = (await http.get(url.removesuffix("/v1") + "/slots")).json()
+                slots = (await http.get(url.removesuffix("/v1") + "/props")).json()["total_slots"]
                 metrics = (await http.get(url.removesuffix("/v1") + "/metrics")).text
             return results, wall, slots, metrics
         finally:
             await server.stop()
 
     results, wall, slots, metrics = asyncio.run(main())
-    assert len(slots) == 4 and len(complete) >= 2, complete  # a tiny model may ramble in a string: some finish
+    assert slots == 4 and len(complete) >= 2, complete  # a tiny model may ramble in a string: some finish
     busy = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("llamacpp:n_busy_slots_per")]
     assert busy and busy[0] > 1.5, metrics  # decode steps served several slots at once
     for (first_prompt, _), (second_prompt, second_read) in results:
@@ -249,12 +251,15 @@ def test_the_shared_prompt_is_read_once_and_every_slot_starts_with_it(tmp_path):
 
     async def wave(share):
         server = LlamaServer(default_model_path(), "smol", variant="cpu", slots=4, context_length=1024,
-                             threads=os.cpu_count() or 2, log_path=str(tmp_path / f"engine-{share}.log"))
+                             threads=os.cpu_count() or 2, log_path=str(tmp_path / f"engine-{share}.log"),
+                             api_key="run-key", slot_saving=share)
         url = await server.start(120)
         try:
-            shared = await share_prompt([url], "smol", opening(0), None) if share else []
+            shared = await share_prompt([url], "smol", opening(0), None, api_key="run-key") if share else []
             assert (server.slot_dir / SLOT_FILE).exists() == share
-            async with httpx.AsyncClient(timeout=300) as http:
+            if share:  # the server writes there as us: a directory of ours alone
+                assert server.slot_dir.stat().st_mode & 0o777 == 0o700
+            async with httpx.AsyncClient(timeout=300, headers={"Authorization": "Bearer run-key"}) as http:
                 replies = await asyncio.gather(*(http.post(f"{url}/chat/completions", json={
                     "model": "smol", "messages": opening(i), "max_tokens": 1}) for i in range(1, 5)))
             return shared, [(r.json()["usage"]["prompt_tokens"], r.json()["timings"]["prompt_n"]) for r in replies]

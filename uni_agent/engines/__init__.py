@@ -1,17 +1,23 @@
 """LLM engines. Each speaks the OpenAI-compatible API; a server engine runs as a subprocess owned by a Dask actor
 that publishes its URL. `start_engines` starts the chosen engine (found by name in registry.py) and returns the URLs
-the agent workers should use."""
+the agent workers should use.
+
+A server engine answers only its run: `new_api_key` makes a secret once per run on the driver, which the server
+actors give their server in its environment (never on a command line: /proc/PID/cmdline is readable by every user)
+and every client of the run sends as its Bearer token (Engines.api_key)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..redact import register_secret
 from .registry import ENGINES
 from .watch import EngineFailed, Notify, guard
 
-__all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "start_engines"]
+__all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "new_api_key", "start_engines"]
 T = TypeVar("T")
 
 if TYPE_CHECKING:  # settings imports registry.py, which runs this __init__ first: no run-time import back
@@ -43,6 +49,13 @@ class Engines:
             await cleanup()
         if errors:
             raise errors[0]
+
+
+def new_api_key() -> str:
+    """A fresh secret for the engines this run starts, registered so that no log or error message shows it."""
+    key = secrets.token_urlsafe(32)
+    register_secret(key)
+    return key
 
 
 class StartEngines(Protocol):

@@ -12,6 +12,10 @@ build. On GPUs (gpu, or auto when a worker declares the GPU resource) each GPU g
 (uni_agent.engines.placement: nnodes x n_gpus_per_node / tp groups, leased) and runs engine_servers_per_gpu servers
 of the CUDA build on each (the group's slots split among them) with every layer offloaded, seeing only its devices
 through CUDA_VISIBLE_DEVICES. The builds are made by uni_agent.engines.llama_build.
+
+Only the run can use a server: it asks for the run's API key on every endpoint but /health (llama-server reads it
+from LLAMA_API_KEY, never from its command line), its slot listing (GET /slots) is off, and slot files can be saved
+only when the agents' prompt is shared (engine_share_prompt), into a directory of the run's own (mode 0700).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any
 import structlog
 
 from .placement import gpu_workers, place_replicas, release_replicas
+from ..sandbox.private_dir import ensure_private_dir
 from ..settings import RunSettings
-from . import Engines
+from . import Engines, new_api_key
 from .llama_build import SOURCE_VERSION, binary_path, find_binary
 from .server import ServerActor
 
@@ -72,13 +77,14 @@ def check_gguf(path: str) -> str:
 def server_command(binary: str, model_path: str, model_name: str, *, host: str, port: int, slots: int,
                    context_length: int, threads: int, gpu: bool, slot_save_path: str | None = None) -> list[str]:
     """The `llama-server` command line (pure: checked by unit tests). `slot_save_path`: the directory a slot's
-    KV cache is saved to and restored from (share_prompt copies the agents' system prompt into every slot)."""
+    KV cache is saved to and restored from (share_prompt copies the agents' system prompt into every slot); without
+    it no slot can be saved. The API key is not here: it goes in the environment (LlamaServer.API_KEY_ENV)."""
     command = [
         binary, "--model", model_path, "--alias", model_name, "--host", host, "--port", str(port),
         "--parallel", str(slots), "--ctx-size", str(context_length * slots),  # each slot gets context_length
         "--threads", str(threads), "--threads-batch", str(threads),
         "--cont-batching", "--jinja", "--metrics", "--cache-ram", str(CACHE_RAM_MIB),
-        "--no-webui",
+        "--no-webui", "--no-slots",  # GET /slots shows every slot's prompt; nothing of ours reads it
     ]
     if slot_save_path is not None:
         command += ["--slot-save-path", slot_save_path]
@@ -92,19 +98,23 @@ class LlamaServer(ServerActor):
     (`restart(new_model_path=...)`, a new GGUF) on its port: uni_agent.engines.server."""
 
     BUSY_METRIC = "llamacpp:requests_processing"
+    API_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key's variable
 
     def __init__(self, model_path: str, model_name: str, *, variant: str, slots: int, context_length: int,
                  threads: int, log_path: str, cuda_visible_devices: str | None = None, restart_on_crash: bool = True,
-                 max_restarts: int = 3, restart_window: float = 3600.0):
+                 max_restarts: int = 3, restart_window: float = 3600.0, api_key: str | None = None,
+                 slot_saving: bool = False):
         devices = f", GPUs {cuda_visible_devices}" if cuda_visible_devices is not None else ""
         env = {"OMP_WAIT_POLICY": "PASSIVE"}  # see SERVER_ENV_WHY
         if cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
         super().__init__(f"llama-server ({model_name}, {variant}{devices})", log_path, env=env,
-                         restart_on_crash=restart_on_crash, max_restarts=max_restarts, restart_window=restart_window)
+                         restart_on_crash=restart_on_crash, max_restarts=max_restarts, restart_window=restart_window,
+                         api_key=api_key)
         self.model_path, self.model_name, self.variant = model_path, model_name, variant
         self.slots, self.context_length, self.threads = slots, context_length, threads
         self.cuda_visible_devices = cuda_visible_devices
+        self.slot_saving = slot_saving  # for share_prompt (engine_share_prompt): POST /slots/N?action=save|restore
 
     def _binary(self) -> str:
         binary = find_binary(self.variant)
@@ -129,7 +139,7 @@ class LlamaServer(ServerActor):
         """A CUDA build that finds no device falls back to the CPU without a word: refuse instead."""
         proc = await asyncio.create_subprocess_exec(
             self._binary(), "--list-devices", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **self.env})
+            env={**os.environ, **self.child_env()})
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), 60)
         except TimeoutError:
@@ -151,11 +161,12 @@ class LlamaServer(ServerActor):
         await asyncio.to_thread(shutil.rmtree, self.slot_dir, True)
 
     def command(self, host: str, port: int) -> list[str]:
-        slot_dir = self.slot_dir
-        slot_dir.mkdir(parents=True, exist_ok=True)
+        slot_dir = None
+        if self.slot_saving:  # the server writes there as us: ours alone (a link or a foreign dir is refused)
+            slot_dir = str(ensure_private_dir(self.slot_dir, parents=True))
         return server_command(self._binary(), self.model_path, self.model_name, host=host, port=port, slots=self.slots,
                               context_length=self.context_length, threads=self.threads,
-                              gpu=self.variant == "cuda", slot_save_path=str(slot_dir))
+                              gpu=self.variant == "cuda", slot_save_path=slot_dir)
 
 
 def servers_per_group(groups: list[tuple[str, str]], per_group: int) -> list[tuple[int, str, str]]:
@@ -186,7 +197,7 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
     gpu = await on_gpus(client, settings)
     variant = "cuda" if gpu else "cpu"
     slots = settings.engine_parallel or DEFAULT_SLOTS[variant]
-    engines = Engines(urls=[], model_name=name)
+    engines = Engines(urls=[], model_name=name, api_key=new_api_key())
     log_path = lambda i: str(Path(log_dir).resolve() / f"engine-{i}.log")  # noqa: E731
     try:
         if gpu:
@@ -208,7 +219,8 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
                 LlamaServer, model_path, name, variant=variant, slots=slots, context_length=settings.context_length,
                 threads=threads, log_path=log_path(index), cuda_visible_devices=devices,
                 restart_on_crash=settings.engine_restart_on_crash, max_restarts=settings.engine_max_restarts,
-                restart_window=settings.engine_restart_window, actor=True,
+                restart_window=settings.engine_restart_window, api_key=engines.api_key,
+                slot_saving=settings.engine_share_prompt, actor=True,
                 workers=[worker], allow_other_workers=False, key=f"llama-server-{index}-{uuid.uuid4().hex[:8]}")
             engines.futures.append(future)
             engines.actors.append(await future)

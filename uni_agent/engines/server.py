@@ -11,6 +11,10 @@ uni_agent.llm.client). A crash (the process exits while no stop or restart was a
 code and the tail of the server's log, then the server is started again, at most `max_restarts` times within any
 `restart_window` seconds; past that the actor's state is `failed` with a message saying why, which the driver's
 engine watch (uni_agent.engines.Engines.guard) turns into the end of the run.
+
+`api_key`: the run's secret (uni_agent.engines.new_api_key), given to the server in its environment (API_KEY_ENV,
+the variable the engine reads for its --api-key) and sent by the actor's own health and metrics calls. Without one
+(a server driven directly, as some tests and benches do) the server answers anyone who can reach its port.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import httpx
 import structlog
 
+from ..redact import register_secret
 from .process import free_port, kill_group, launch, terminate, wait_until_bindable, worker_host
 
 log = structlog.get_logger("uni_agent.engines")
@@ -44,12 +49,16 @@ class ServerActor:
 
     BUSY_METRIC: str | None = None
     PREFLIGHT = True
+    API_KEY_ENV: str | None = None  # the environment variable the server reads its API key from
 
     def __init__(self, name: str, log_path: str, env: dict[str, str] | None = None, *,
-                 restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0):
+                 restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0,
+                 api_key: str | None = None):
         self.name = name
         self.log_path = log_path
         self.env = env or {}
+        self._api_key = api_key
+        register_secret(api_key)  # this worker's logs never show it either
         self.url: str | None = None
         self.state = "new"
         self.restart_on_crash, self.max_restarts, self.restart_window = restart_on_crash, max_restarts, restart_window
@@ -97,13 +106,24 @@ class ServerActor:
             self.url = f"http://{self._host}:{self._port}/v1"
         return self._port
 
+    def child_env(self) -> dict[str, str]:
+        """What the server's environment gets besides the worker's: `env`, and the API key where there is one."""
+        if self._api_key is None or self.API_KEY_ENV is None:
+            return dict(self.env)
+        return {**self.env, self.API_KEY_ENV: self._api_key}
+
+    def _http(self, timeout: float = 5) -> httpx.AsyncClient:
+        """A client for the actor's own calls to its server (readiness, metrics), with the key."""
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        return httpx.AsyncClient(timeout=timeout, headers=headers)
+
     async def _launch(self, port: int) -> asyncio.subprocess.Process:
-        return await launch(self.command(str(self._host), port), self.log_path, self.env)
+        return await launch(self.command(str(self._host), port), self.log_path, self.child_env())
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, timeout: float, port: int | None = None) -> None:
         url = f"http://{self._host}:{port or self._port}/v1"
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with self._http() as http:
             while time.monotonic() < deadline:
                 if proc.returncode is not None:
                     raise RuntimeError(f"{self.name} exited with {proc.returncode}; see {self.log_path}:\n"
@@ -243,7 +263,7 @@ class ServerActor:
         if self.BUSY_METRIC is None or self.url is None:
             return None
         try:
-            async with httpx.AsyncClient(timeout=5) as http:
+            async with self._http() as http:
                 text = (await http.get(self.url.removesuffix("/v1") + "/metrics")).text
         except httpx.HTTPError:
             return None

@@ -7,6 +7,10 @@ and the server sees exactly those devices through CUDA_VISIBLE_DEVICES. vLLM is 
 A server that exits after it was ready is a crash: it is logged with the tail of its log and started again on the
 same port (uni_agent.engines.server), so the URL the agents hold stays valid. While a replica is down the agent
 workers move its rollouts to the other replicas, or wait for it when it is the only one.
+
+The server asks for the run's API key (uni_agent.engines.new_api_key), which it reads from VLLM_API_KEY: never on its
+command line. vLLM checks the key on its /v1 routes only; /metrics, /tokenize, /detokenize and /health answer anyone
+who can reach the port (they hold no prompt of the run).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import structlog
 from ..current_worker import worker_address
 from .placement import place_replicas, release_replicas
 from ..settings import RunSettings
-from . import Engines
+from . import Engines, new_api_key
 from .server import ServerActor
 
 log = structlog.get_logger("uni_agent.engines.vllm")
@@ -50,12 +54,14 @@ def vllm_command(executable: str, model: str, served_name: str, *, tp: int, gpu_
 class VllmServer(ServerActor):
     BUSY_METRIC = "vllm:num_requests_running"
     PREFLIGHT = False  # a second copy of the model does not fit beside the first on the replica's GPUs
+    API_KEY_ENV = "VLLM_API_KEY"
 
     def __init__(self, command_args: dict[str, Any], cuda_visible_devices: str, log_path: str,
-                 restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0):
+                 restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0,
+                 api_key: str | None = None):
         super().__init__(f"vLLM server ({command_args['served_name']}, GPUs {cuda_visible_devices})", log_path,
                          env={"CUDA_VISIBLE_DEVICES": cuda_visible_devices}, restart_on_crash=restart_on_crash,
-                         max_restarts=max_restarts, restart_window=restart_window)
+                         max_restarts=max_restarts, restart_window=restart_window, api_key=api_key)
         self.command_args = dict(command_args)
         self.cuda_visible_devices = cuda_visible_devices
 
@@ -85,13 +91,13 @@ async def start_vllm(client: Any, settings: RunSettings, log_dir: str) -> Engine
         "sampling": {"temperature": settings.temperature, "top_p": settings.top_p},
         "extra_args": settings.vllm_extra_args,
     }
-    engines = Engines(urls=[], model_name=name, cleanups=[lambda: release_replicas(client)])
+    engines = Engines(urls=[], model_name=name, api_key=new_api_key(), cleanups=[lambda: release_replicas(client)])
     try:
         for replica in replicas:
             log_path = str(Path(log_dir).resolve() / f"engine-{replica.index}.log")
             future = client.submit(VllmServer, command_args, replica.cuda_visible_devices, log_path,
                                    settings.engine_restart_on_crash, settings.engine_max_restarts,
-                                   settings.engine_restart_window, actor=True,
+                                   settings.engine_restart_window, api_key=engines.api_key, actor=True,
                                    workers=[replica.worker], allow_other_workers=False,
                                    key=f"vllm-server-{replica.index}-{uuid.uuid4().hex[:8]}")
             engines.futures.append(future)

@@ -15,9 +15,11 @@ time (its calls are one sequence). What the gateway does on the way:
 The program's sampling fields (temperature, max_tokens, ...) and `model` are ignored: the run's settings apply to every
 agent alike. Endpoints: POST /v1/chat/completions, GET /v1/models (also without /v1).
 
-Each rollout gets a door of its own: a Unix socket in the gateway's private directory (mode 0700: no other local user
-can connect) that its sandbox's relay connects to, and that answers its token only, so that a token could not reach
-another rollout's session even if it got out of its sandbox. (The benchmark's direct comparison listens on 127.0.0.1.)
+Each rollout gets a door of its own: a Unix socket in the gateway's private directory (mode 0700, made inside the
+user's private scratch, uni_agent.private_dirs.private_tmp: no other local user can connect, nor plant or swap a socket
+there) that its sandbox's relay connects to, and that answers its token only, so that a token could not reach
+another rollout's session even if it got out of its sandbox. (The benchmark's direct comparison listens on 127.0.0.1,
+where every call still needs a rollout's token.)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from aiohttp import web
 
 from ..episode.exit_reason import ExitReason
 from ..llm import ChatReply, ContextLimitError, LLMError
+from ..private_dirs import private_tmp
 from ..sandbox.relay import Connect, tcp_target, unix_target
 from ..tool_calls import decoding_schema
 from .calls import CallLog
@@ -100,7 +103,7 @@ class Gateway:
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         else:
-            self.socket_dir = tempfile.mkdtemp(prefix="uni-agent-gateway-")  # 0700: ours alone
+            self.socket_dir = tempfile.mkdtemp(prefix="gateway-", dir=private_tmp())  # 0700: ours alone
             atexit.register(shutil.rmtree, self.socket_dir, True)
         return self
 
