@@ -33,9 +33,12 @@ def dask_client(tmp_path_factory):
     """One real LocalCluster (worker processes) for the session's integration tests."""
     from distributed import Client, LocalCluster
 
+    from uni_agent.private_dirs import dask_dir
+
     os.environ.setdefault("UNI_AGENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1",
-                      dashboard_address=":0", resources={"SANDBOX": 64}) as cluster, Client(cluster) as client:
+                      dashboard_address=":0", resources={"SANDBOX": 64},
+                      local_directory=str(dask_dir())) as cluster, Client(cluster) as client:
         yield client
 
 
