@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import dask
 from distributed import Client, LocalCluster
 
 from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
@@ -49,6 +50,9 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             yield client
         return
     async with contextlib.AsyncExitStack() as stack:
+        # Every Dask server of the run (the scheduler in this process, the nannies, the workers) puts its scratch dir
+        # on sys.path, and Dask's default (/tmp/dask-scratch-space) may be another user's: ours, 0700, instead.
+        stack.enter_context(dask.config.set({"temporary-directory": str(dask_dir())}))
         # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
         cluster = await stack.enter_async_context(LocalCluster(
             n_workers=local_worker_count(settings), threads_per_worker=settings.threads_per_worker, processes=True,
@@ -56,7 +60,6 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             dashboard_address="127.0.0.1:8787" if settings.dashboard else None,
             security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
-            # Dask's default (/tmp/dask-scratch-space) may be another user's, and it lands on the workers' sys.path
             local_directory=str(dask_dir()),
             env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
         ))
