@@ -211,3 +211,26 @@ def test_a_squatted_private_directory_stops_the_run_before_any_rollout(squat, us
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 already done" in again.stderr, again.stderr[-3000:]
     assert len(pd.read_parquet(out / "results")) == 1
+
+
+def test_a_worker_whose_private_dir_is_squatted_stops_the_run_before_any_rollout(tmp_path):
+    """A dask worker on another node has its own temporary directory and its own squatters: each worker checks its
+    private dirs before an engine or sandbox starts there (here, a worker whose TMPDIR holds a loose uni-agent dir)."""
+    from distributed import Client, LocalCluster
+
+    from uni_agent import run
+    from uni_agent.private_dirs import UnsafeDirectory, dask_dir
+
+    node_tmp = tmp_path / "other-node-tmp"
+    loose = node_tmp / f"uni-agent-{os.geteuid()}"
+    loose.mkdir(parents=True)
+    loose.chmod(0o777)  # as a stranger's squat would be: anyone may put entries in it
+    rows = tmp_path / "rows.parquet"
+    convert(None, rows)
+    with LocalCluster(n_workers=1, processes=True, host="127.0.0.1", dashboard_address=None,
+                      local_directory=str(dask_dir()), env={"TMPDIR": str(node_tmp)}) as cluster, \
+            Client(cluster) as client, ScriptedLLM(solver) as server:
+        with pytest.raises(UnsafeDirectory, match=f"on dask worker tcp://.*: private directory {loose} is writable"):
+            run(str(rows), client=client, engine="external", base_url=server.base_url, model_name="scripted",
+                output_dir=str(tmp_path / "out"), progress=False, max_samples=1)
+    assert not (tmp_path / "out" / "results").exists() or not list((tmp_path / "out" / "results").iterdir())

@@ -22,6 +22,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .sandbox.private_dir import ROOT_VARIABLE, UnsafeDirectory, ensure_private_dir, owner_name
 
@@ -104,8 +105,26 @@ def preflight(output_dir: Path | None = None, *, share_with_group: bool = False,
     return checked
 
 
+def _worker_problem() -> str | None:
+    """On a dask worker: why its private directories cannot be used, or None."""
+    try:
+        preflight()
+    except UnsafeDirectory as exc:
+        return str(exc)
+    return None
+
+
+async def preflight_workers(client: Any) -> None:
+    """`preflight` on every worker of the cluster (a worker on another node has its own /tmp and its own squatter);
+    UnsafeDirectory names the first worker that fails and why."""
+    problems = await client.run(_worker_problem)
+    for worker, problem in sorted(problems.items()):
+        if problem is not None:
+            raise UnsafeDirectory(f"on dask worker {worker}: {problem}")
+
+
 __all__ = ["CACHE_VARIABLE", "ROOT_VARIABLE", "UnsafeDirectory", "cache_dir", "dask_dir", "output_dir_mode",
-           "preflight", "prepare_output_dir", "private_cache_dir", "private_files", "private_tmp", "umask_for"]
+           "preflight", "preflight_workers", "prepare_output_dir", "private_cache_dir", "private_files", "private_tmp", "umask_for"]
 
 
 if __name__ == "__main__":  # `python -m uni_agent.private_dirs`: the checked path for `dask worker --local-directory`

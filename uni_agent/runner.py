@@ -38,7 +38,7 @@ from .engines.shared_prompt import share_prompt
 from .llm import token_capture_for
 from .logs import configure_logging
 from .driver.manifest import RunManifest, engine_versions
-from .private_dirs import preflight, prepare_output_dir, private_files
+from .private_dirs import preflight, preflight_workers, prepare_output_dir, private_files
 from .redact import register_secret
 from .registry import import_object
 from .driver.results import ResultsNotWritten, ResultStore, recorded_rows
@@ -174,6 +174,7 @@ async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSe
         await client.register_plugin(UniAgentDashboard())
     except Exception as exc:
         log.warning("dashboard_not_registered", error=repr(exc))
+    await preflight_workers(client)  # before an engine or a sandbox starts there
     engines = await start_engines(client, settings, str(log_dir))
     # What each engine says it is goes into run.json; asked while the agent workers start, not before.
     versions = asyncio.ensure_future(engine_versions(engines.urls, engines.api_key))
