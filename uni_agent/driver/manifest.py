@@ -20,6 +20,8 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+
+from ..private_dirs import cache_dir
 from typing import Any
 
 import structlog
@@ -36,7 +38,7 @@ NOT_COMPARED = {"output_dir", "progress", "log_level", "scheduler_address", "sch
                 "engine_restart_on_crash", "engine_max_restarts", "engine_restart_window", "engine_down_wait",
                 "write_retry_timeout"}  # how faults are survived, not what a rollout produces
 PACKAGES = ("uni-agent", "dask", "distributed", "pyarrow", "pandas", "httpx", "llama-cpp-python", "vllm")
-HASH_CACHE = Path(os.environ.get("UNI_AGENT_CACHE_DIR", Path.home() / ".cache" / "uni-agent")) / "file-hashes.json"
+HASH_CACHE = cache_dir() / "file-hashes.json"
 
 
 class RunManifest:

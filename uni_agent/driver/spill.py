@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..sandbox.private_dir import UnsafeDirectory, ensure_private_dir
+from ..private_dirs import UnsafeDirectory, cache_dir, private_tmp
 
 NOTE = "OUTPUT_DIR.txt"
 
@@ -29,11 +29,10 @@ NOTE = "OUTPUT_DIR.txt"
 def spill_roots() -> list[Path]:
     """Where spills go, in order of preference: the user's cache, then the user's private dir in the temporary
     directory (the one that holds the local sandboxes: uni_agent.sandbox.private_dir)."""
-    cache = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent")
-    return [cache / "unwritten-results", _private_tmp() / "unwritten-results"]
+    return [cache_dir() / "unwritten-results", _private_tmp() / "unwritten-results"]
 
 
-def _private_tmp() -> Path:
+def _private_tmp() -> Path:  # not checked here: a spill into it checks it first (private_tmp())
     return Path(tempfile.gettempdir()) / f"uni-agent-{os.geteuid()}"
 
 
@@ -55,7 +54,7 @@ def spill(output_dir: Path, table: pa.Table) -> Path:
     for directory in spill_dirs(output_dir):
         try:
             if directory.is_relative_to(_private_tmp()):  # a shared /tmp: only a dir of ours, 0700
-                ensure_private_dir(_private_tmp(), parents=False)
+                private_tmp()
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             (directory / NOTE).write_text(f"{output_dir.resolve()}\n")
             return write_part(directory, table)

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..private_dirs import cache_dir
+
 MINI_SWE_AGENT_VERSION = "2.4.6"  # as pyproject's `bench` extra pins it
 RECIPES: dict[str, list[str]] = {
     "mini-swe-agent": [f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}"],
@@ -42,7 +44,7 @@ class PrepareError(RuntimeError):
 
 
 def harness_cache() -> Path:
-    root = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent") / "harness"
+    root = cache_dir() / "harness"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     return root
 
