@@ -291,10 +291,12 @@ def _agent(task, **reward):
     from conftest import AGENT_CONFIG
     from uni_agent import AgentConfigs
 
-    # PIP_NO_INDEX: the script's `pip install -e .` fails at once offline instead of retrying the network.
+    # env_prebuilt: the host's environment stands in for a built one, so the eval script skips the spec's
+    # `pip install -e .` (which would fail here: a failed install step is a broken environment, graded as infra).
     kwargs = {"env": {"deployment": {"type": "local", "repo": str(task["repo"])},
                       "env_variables": {"PIP_NO_INDEX": "1"}},
-              "reward": {"name": "swe_bench", "metadata": task["metadata"], "eval_timeout": 120, **reward}}
+              "reward": {"name": "swe_bench", "metadata": {**task["metadata"], "env_prebuilt": "1"},
+                         "eval_timeout": 120, **reward}}
     return AgentConfigs.load(AGENT_CONFIG).for_row("swe_agent", kwargs, "test")
 
 

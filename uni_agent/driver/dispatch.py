@@ -246,5 +246,7 @@ class Dispatcher:
             verification = no_result(limit)
         except Exception as exc:
             verification = Verification(status=VerificationStatus.ERROR, error=redact(f"{type(exc).__name__}: {exc}"))
+        with contextlib.suppress(OSError):  # the whole test log beside the results; the row keeps its tail
+            verification.keep_log(self.store.output_dir, f"{spec.instance_id}-r{spec.rollout}")
         result.record(verification)
         classify(result)  # a grader that could not run is an infra failure, a wrong answer the model's

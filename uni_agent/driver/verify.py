@@ -80,6 +80,7 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
                     outcome = await future
                 except Exception as exc:  # the worker died or the task was lost: an error, not a crash of the run
                     outcome = Verification(status=VerificationStatus.ERROR, error=f"{type(exc).__name__}: {exc}")
+                outcome.keep_log(output_dir, f"{instance_id}-{patch}")  # the whole test log, named by the row
                 records[instance_id] = _record(instance_id, patch, outcome)
                 unsaved += 1
                 if unsaved >= SAVE_EVERY:

@@ -37,7 +37,8 @@ class SweBenchGrader:
                     oracle: bool) -> None:
         evaluation = await evaluate_patch(sandbox, agent.reward.metadata, patch, agent.reward.eval_timeout)
         outcome.status, outcome.patch_applied = evaluation.status, evaluation.patch_applied
-        outcome.log_tail, outcome.report = evaluation.log[-LOG_TAIL_CHARS:], evaluation.report
+        outcome.log, outcome.log_tail = evaluation.log, evaluation.log[-LOG_TAIL_CHARS:]
+        outcome.report = evaluation.report
         if evaluation.grade is not None:
             outcome.fail_to_pass = evaluation.grade.fail_to_pass
             outcome.pass_to_pass = evaluation.grade.pass_to_pass

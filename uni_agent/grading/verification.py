@@ -7,8 +7,11 @@ that keep it (rollout.py) all import it without importing one another: imports r
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 
@@ -23,6 +26,7 @@ class VerificationStatus(StrEnum):
     ERROR = "error"
 
 
+EVAL_LOG_DIR = "eval_logs"  # under a run's output dir: one whole test log per graded rollout
 NO_RESULT = "no verification result"  # starts the error of `no_result`: how a stored row tells it from a slow test
 
 
@@ -40,9 +44,26 @@ class Verification:
     report: dict[str, Any] | None = None  # swe_bench: the official per-instance report (get_eval_report's shape)
     reward_source: str | None = None  # terminal_bench: reward.txt | reward.json
     metrics: dict[str, float] = field(default_factory=dict)  # terminal_bench: what the reward file held
+    log_file: str | None = None  # the whole test log, kept beside the results (keep_log), relative to the output dir
+    log: str = field(default="", repr=False)  # the whole test log; travels to the driver, never into the row
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        record = asdict(self)
+        record.pop("log")  # megabytes per row otherwise: the file named by log_file holds it
+        return json.dumps(record, ensure_ascii=False)
+
+    def keep_log(self, output_dir: str | Path, name: str) -> None:
+        """Write the whole test log to <output_dir>/eval_logs/<name>.log (name: the row's instance and rollout, or
+        the patch kind of a gold check) and record its path; the row keeps only log_tail. Nothing without a log."""
+        if not self.log:
+            return
+        directory = Path(output_dir) / EVAL_LOG_DIR
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # logs hold hidden tests: private like the rows
+        path = directory / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.log"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.log, encoding="utf-8", errors="replace")
+        os.replace(tmp, path)
+        self.log_file = str(path.relative_to(output_dir))
 
 
 def no_result(limit: float) -> Verification:

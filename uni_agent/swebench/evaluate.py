@@ -21,8 +21,9 @@ from typing import Any, Mapping
 
 from ..grading.verification import VerificationStatus
 from ..sandbox import Sandbox, write_file
+from .environment_failures import environment_failure
 from .grading import SweGrade, grade_log
-from .spec import EVAL_SCRIPT_PATH, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, eval_script
+from .spec import EVAL_SCRIPT_PATH, GIT_APPLY_CMDS, PATCH_PATH, WORKDIR, eval_script, install_step
 
 
 @dataclass
@@ -87,4 +88,9 @@ async def evaluate_patch(sandbox: Sandbox, instance: Mapping[str, Any], patch: s
     if not outcome.grade.tests_found:
         outcome.notes.append("the log has no test results between the harness's markers (graded as unresolved)")
     outcome.status = VerificationStatus.RESOLVED if outcome.grade.resolved else VerificationStatus.UNRESOLVED
+    broken = None if outcome.grade.resolved else environment_failure(
+        outcome.log, outcome.grade, patch, install_step(instance))
+    if broken:  # the environment failed, not the answer: an infra error, never reward 0 blamed on the model
+        outcome.status = VerificationStatus.ERROR
+        outcome.notes.insert(0, f"broken test environment: {broken}")
     return outcome

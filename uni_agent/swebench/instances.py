@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import ConfigError
-from .spec import REQUIRED_FIELDS, image_name, log_parser, repo_spec, row_spec, test_files, test_list
+from .spec import ENV_PREBUILT, REQUIRED_FIELDS, image_name, log_parser, repo_spec, row_spec, test_files, test_list
 
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
 DATA_SOURCE = "swe_bench_verified"
 # The official fields kept in reward.metadata, all as strings (FAIL_TO_PASS / PASS_TO_PASS as JSON strings, as
 # in the official dataset), so every row has the same Parquet type. Optional ones default to "".
 INPUT_FIELDS = REQUIRED_FIELDS + ("patch", "problem_statement")  # the prompt and gold verification need these too
-OPTIONAL_FIELDS = ("hints_text", "created_at", "environment_setup_commit", "difficulty")
+OPTIONAL_FIELDS = ("hints_text", "created_at", "environment_setup_commit", "difficulty", ENV_PREBUILT)
 # A row's own test spec (SWE-Gym: from --specs; SWE-rebench: install_config) and image, as JSON / strings.
 SPEC_FIELDS = ("spec", "install_config", "docker_image")
 METADATA_FIELDS = INPUT_FIELDS + OPTIONAL_FIELDS + SPEC_FIELDS

@@ -42,7 +42,7 @@ from typing import Any, Iterable
 from ..config import ConfigError
 from ..tasks.rows import seed_row
 from .instances import DATA_SOURCE, HUB_NAME, METADATA_FIELDS, load_specs, normalize_instance, read_instances
-from .spec import DEPLOYMENTS, WORKDIR, image_name
+from .spec import DEPLOYMENTS, ENV_PREBUILT, WORKDIR, image_name
 
 # source → (hub name, split): where the rows come from when --input is not given.
 SOURCES = {
@@ -124,6 +124,7 @@ def instance_to_row(instance: dict[str, str], deployment: str, agent_name: str =
         target["workdir"] = WORKDIR
         if local_repos is not None:
             target["repo"] = str(Path(local_repos).expanduser().resolve() / instance["instance_id"])
+            instance = {**instance, ENV_PREBUILT: "1"}  # its environment was made here, install step included
     user = USER_PROMPT.format(repo=instance["repo"], workdir=WORKDIR,
                               problem_statement=instance["problem_statement"].strip())
     return seed_row(

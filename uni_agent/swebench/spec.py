@@ -36,6 +36,11 @@ INSTANCE_IMAGE_NAMESPACE = "swebench"
 VEFAAS_REGISTRY = "enterprise-public-cn-beijing.cr.volces.com/swe-bench-verified"
 DEPLOYMENTS = ("modal", "docker", "podman", "vefaas", "local")
 REQUIRED_FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+# reward.metadata key: "1" when the row's environment was made by `uni-agent envs build` (uni_agent/envs/), whose
+# build already ran the spec's install step. The eval script then skips it: offline it can only fail (pip retries the
+# network for ~10 s), and the editable install it would redo is already in place.
+ENV_PREBUILT = "env_prebuilt"
+INSTALL_SKIPPED = ": 'the install step ran when the environment was built (uni-agent envs build)'"
 
 
 def test_list(value: Any, field: str = "tests") -> list[str]:
@@ -203,6 +208,13 @@ def eval_script(instance: Mapping[str, Any]) -> str:
     return "\n".join([*EVAL_SCRIPT_HEADER, *eval_script_list(instance)]) + "\n"
 
 
+def install_step(instance: Mapping[str, Any]) -> str | None:
+    """The spec's install command when the eval script runs it (not for a prebuilt environment), else None."""
+    if str(instance.get(ENV_PREBUILT) or "") in ("1", "true"):
+        return None
+    return repo_spec(instance).get("install")
+
+
 def eval_script_list(instance: Mapping[str, Any]) -> list[str]:
     """The eval script's commands, one per entry (an entry may span lines: the test patch's heredoc)."""
     spec = repo_spec(instance)
@@ -220,7 +232,11 @@ def eval_script_list(instance: Mapping[str, Any]) -> list[str]:
         raise RuntimeError(f"swebench's eval script for {instance['instance_id']} has {len(resets)} reset lines "
                            f"{official_reset!r}, expected 2; uni-agent needs updating for this swebench version")
     lines: list[str] = []
+    skip_install = "install" in spec and install_step(instance) is None
     for i, line in enumerate(official):
+        if skip_install and i < resets[0] and line == spec["install"]:
+            lines.append(INSTALL_SKIPPED)
+            continue
         lines.extend(_reset_lines(line, files) if i in resets else [line])
     return lines
 
