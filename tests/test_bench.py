@@ -37,9 +37,15 @@ def test_open_files_needed_count_the_busiest_process():
     assert fds_needed(1000, 1) == 8 * 1000 + 1024
 
 
+# Each command burns 0.1 s of CPU in its sandbox: the sandbox column must hold at least that (issue 40: it read 0.00
+# once the sandboxes ran in a pod that no worker reaps during the run).
+BURN = ("python3 -c 'import time; t = time.process_time(); "
+        "any(time.process_time() - t > 0.1 for _ in iter(int, 1))'")
+
+
 def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     lines = []
-    options = BenchOptions(concurrency=[4], workers=[1], turns=2, delay_s=0.1, waves=2, peer=False,
+    options = BenchOptions(concurrency=[4], workers=[1], turns=2, delay_s=0.1, waves=2, peer=False, command=BURN,
                            out_dir=tmp_path / "bench", json_path=tmp_path / "bench.json")
     report = run_bench(options, echo=lines.append)
     text = "\n".join(lines)
@@ -48,11 +54,15 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     [row] = report["rows"]
     assert row["system"] == "uni-agent" and row["workers"] == 1 and row["concurrency"] == 4
     assert row["rollouts"] == 8 and row["ok"] == 8, row["errors"]
+    assert (row["recorded"], row["lost"], row["duplicates"]) == (8, 0, 0)  # read from the part files themselves
+    assert "lost/dup" in text and " 0/0 " in next(line for line in lines if line.strip().startswith("uni-agent |"))
     assert row["llm_calls"] == 8 * 3 and row["commands"] == 8 * 2  # 2 execute_bash turns + submit, every rollout
     assert row["ideal_s"] == ideal_makespan(8, 4, 3, 0.1)
     assert row["makespan_s"] >= row["ideal_s"] and 0 < row["efficiency"] <= 1
     assert row["rollouts_per_min"] > 0
-    assert row["framework_cpu_ms_per_turn"] > 0 and row["sandbox_cpu_ms_per_turn"] > 0
+    assert row["framework_cpu_ms_per_turn"] > 0
+    # 16 commands of 0.1 s CPU each (and their interpreters' start) over 24 model calls
+    assert row["sandbox_cpu_ms_per_turn"] * row["llm_calls"] >= 0.95 * 16 * 100, row["sandbox_cpu_ms_per_turn"]
     # The machine's CPU covers the framework's and the sandboxes' (and the endpoint's, and what rusage misses).
     assert row["machine_cpu_ms_per_turn"] >= 0.9 * (row["framework_cpu_ms_per_turn"] + row["sandbox_cpu_ms_per_turn"])
     assert 0 < row["sandbox_start_p50_ms"] <= row["sandbox_start_p95_ms"]

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .lifetime import die_with_bench
+
 THIS_TREE = Path(__file__).resolve().parent.parent.parent
 SANDBOX_RTT = Path(__file__).resolve().with_name("sandbox_rtt.py")
 CLIENT_CPU = Path(__file__).resolve().with_name("client_cpu.py")
@@ -58,7 +60,8 @@ def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, 
     """sandbox_rtt.py's figures with `uni_agent` imported from `tree`."""
     argv = [sys.executable, str(SANDBOX_RTT), "--backend", backend, "--commands", str(commands),
             "--sandboxes", str(sandboxes)] + (["--image", image] if image else [])
-    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800,
+                          preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the sandbox bench failed in {tree} ({backend}): {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -67,7 +70,8 @@ def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, 
 def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
     """client_cpu.py's figures with `uni_agent` imported from `tree`."""
     argv = [sys.executable, str(CLIENT_CPU), "--requests", str(requests), "--in-flight", str(in_flight)]
-    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800,
+                          preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the LLM client bench failed in {tree}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -79,7 +83,7 @@ def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:
     argv = [sys.executable, "-m", "uni_agent.cli", "bench", *bench_args, "--no-peer", "--json", str(report)]
     try:
         done = subprocess.run(argv, cwd=tree, env=_env(tree), text=True, timeout=7200,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_bench())
         if not report.exists() or not report.read_text().strip():
             raise BaselineError(f"the rollout bench failed in {tree}: {done.stdout[-3000:]}")
         return json.loads(report.read_text())
@@ -114,12 +118,14 @@ SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("fram
 
 def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
     """Our rows of both reports side by side, matched on (concurrency, workers)."""
+    from .sweep_report import lost_dup
     ours = lambda report: {(r["concurrency"], r["workers"]): r for r in report["rows"]  # noqa: E731
                            if r.get("system") == "uni-agent"}
     old, new = ours(before), ours(after)
     labels = {"efficiency": "eff", "rollouts_per_min": "rollouts/min", "framework_cpu_ms_per_turn": "fw CPU ms/turn",
               "machine_cpu_ms_per_turn": "machine CPU ms/turn", "sandbox_start_p50_ms": "start p50 ms",
-              "sandbox_start_p95_ms": "start p95 ms", "lead_in_s": "lead-in s", "tail_s": "tail s", "ok": "ok"}
+              "sandbox_start_p95_ms": "start p95 ms", "lead_in_s": "lead-in s", "tail_s": "tail s",
+              "ok": "ok (lost/dup)"}
     head = f"{'conc':>5} | {'workers':>7} | " + " | ".join(
         f"{labels[name]} {which}".rjust(24) for name, _ in SWEEP_FIELDS for which in (f"({ref[:8]})", "(now)"))
     lines = [head, "-" * len(head)]
@@ -128,7 +134,10 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
         for name, fmt in SWEEP_FIELDS:
             for report in (old, new):
                 value = report.get(key, {}).get(name)
-                cells.append(("-" if value is None else fmt.format(value)).rjust(24))
+                text = "-" if value is None else fmt.format(value)
+                if name == "ok" and key in report:  # an older tree's bench has no lost/dup: "-/-"
+                    text += f" ({lost_dup(report[key])})"
+                cells.append(text.rjust(24))
         lines.append(f"{key[0]:>5} | {key[1]:>7} | " + " | ".join(cells))
     from .cpu_split import breakdown_line, split_line
 

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from ..testing.scripted_llm import ScriptedLLM, tool_call_message
+from .lifetime import die_with_bench
 
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -64,7 +65,8 @@ class EndpointProcess:
         self.stats: dict[str, Any] = {}
 
     def __enter__(self) -> EndpointProcess:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_bench())
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
             self.proc.kill()

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..testing.scripted_llm import chat_completion
 from .endpoint import BenchPolicy
+from .lifetime import die_with_bench
 
 MODEL = "scripted"
 
@@ -83,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = _Figures()
     asyncio.run(_serve(args.port, args.delay_s, BenchPolicy(args.turns, args.command), figures))
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"requests": figures.requests, "cpu_s": usage.ru_utime + usage.ru_stime,
-                      "late_max_s": figures.late_max_s}), flush=True)
+    try:
+        print(json.dumps({"requests": figures.requests, "cpu_s": usage.ru_utime + usage.ru_stime,
+                          "late_max_s": figures.late_max_s}), flush=True)
+    except BrokenPipeError:  # the bench is gone: nobody to tell
+        return 1
     return 0
 
 
@@ -107,7 +111,7 @@ class EndpointPool:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "uni_agent.bench.endpoint_pool", "--port", str(port), "--delay-s",
                      str(self.delay_s), "--turns", str(self.turns), "--command", self.command],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_bench()))
             for proc in self.procs:
                 if not (proc.stdout and proc.stdout.readline()):
                     raise RuntimeError("an endpoint process did not start")

@@ -20,7 +20,9 @@ from typing import Any
 
 from .cpu_split import breakdown_line, split_line
 from .endpoint import EndpointProcess
-from .measure import ensure_limits, load_average
+from .lifetime import stop_on_signals
+from .measure import cpus_line, ensure_limits, load_average
+from .out_dir import prepare_out_dir
 from .sweep_report import comparison_lines, show_errors, table_head, table_line, target_lines
 
 METHOD = """\
@@ -29,10 +31,11 @@ method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in
   ideal = max(rollouts x calls x delay / concurrency, calls x delay); eff = ideal / makespan; makespan = wall time of
   the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
   fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
-  (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = the
-  workers' RUSAGE_CHILDREN over LLM calls: the sandboxes (bwrap, supervisor, each command's bash and the command)
-  and git in sandbox start / patch collection; it misses what bwrap's pid-namespace init runs (reaped by no one we
-  wait for). machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
+  (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = every
+  process below a worker over LLM calls, from /proc (the "sandboxes" of the CPU split under each row): the sandbox
+  pods, the sandboxes, each command's shell and the command, git at start and patch collection, what pid 1 reaped of
+  them included. lost/dup = rollouts with no row, and keys with more than one, in the run's Parquet part files.
+  machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
   included, over LLM calls: what a turn costs this machine in all (not measured for the peer, whose imports would
   count). MiB/rollout = (peak summed RSS of driver + workers - RSS before the run) / concurrency. mini-swe-agent:
   its own batch runner in one process (threads), LocalEnvironment (plain subprocess, no sandbox, nothing to start),
@@ -117,7 +120,7 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
 
 def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
     calls = options.turns + 1
-    lines = [f"uni-agent bench: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python "
+    lines = [f"uni-agent bench: {cpus_line()} ({platform.processor() or platform.machine()}), Python "
              f"{platform.python_version()}, load average {load_average():.2f} at start"]
     if load_average() > 0.5 * (os.cpu_count() or 1):
         lines.append("  warning: the machine is busy (load average above half its CPUs): figures may be disturbed")
@@ -144,7 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "run take tens of minutes on 2 cores)")
     parser.add_argument("--quick", action="store_true",
                         help="a small sweep (concurrency 4,16; 1 worker; 2 turns of 0.2 s; 1 wave) to check the setup")
-    parser.add_argument("--out", type=Path, help="keep every run's results and logs here (default: a temp dir, removed)")
+    parser.add_argument("--out", type=Path, help="keep every run's results and logs here, a new or empty folder "
+                        "(default: a temp dir, removed)")
+    parser.add_argument("--clear-out", action="store_true",
+                        help="empty --out first (only what an earlier bench wrote there; it says what it removed)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles (speedscope) of driver and workers here")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON here")
     parser.add_argument("--baseline", metavar="REF",
@@ -199,6 +205,20 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """The bench's entry: its processes end with it (lifetime.py), and it starts only on an empty --out."""
+    from ..driver.interrupt import RunInterrupted
+
+    stop_on_signals()
+    for line in prepare_out_dir(args.out, args.clear_out):
+        print(line, flush=True)
+    try:
+        return _dispatch(args)
+    except RunInterrupted as stopped:  # a signal during a run call: the run stopped, then the bench unwound
+        print(f"uni-agent bench: {stopped}", file=sys.stderr, flush=True)
+        return stopped.exit_status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.image_starts:
         from .image_start import compare
@@ -273,7 +293,7 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
             trees.insert(0, (label, stack.enter_context(baseline.worktree(args.baseline))))
         if args.sweep_only and args.baseline:
             return _compare_sweeps(args, trees[0][1], echo, started)
-        echo(f"uni-agent bench, LLM client alone: {os.cpu_count()} CPUs, load average {load_average():.2f}; 2,000 "
+        echo(f"uni-agent bench, LLM client alone: {cpus_line()}, load average {load_average():.2f}; 2,000 "
              "chat requests, 100 in flight, to a scripted endpoint in its own process; CPU of the client's process")
         for label, tree in trees:
             figures = baseline.client_figures(tree, 2000, 100)
@@ -281,7 +301,7 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
                  f"(wall {figures['wall_s']:.1f} s)")
         if args.client_only:
             return 0
-        echo(f"uni-agent bench, sandbox alone: {os.cpu_count()} CPUs, load average {load_average():.2f} at start; "
+        echo(f"uni-agent bench, sandbox alone: {cpus_line()}, load average {load_average():.2f} at start; "
              f"{args.sandbox_commands} `true` calls in one live sandbox; memory = MemAvailable drop over 32 live "
              "sandboxes / 32; machine CPU = /proc/stat over the calls / calls")
         rows = []
@@ -306,7 +326,7 @@ def _compare_sweeps(args: argparse.Namespace, before_tree: Path | None, echo, st
     from . import baseline
 
     bench_args = _sweep_args(args)
-    echo(f"rollout sweep ({' '.join(bench_args)}), {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "
+    echo(f"rollout sweep ({' '.join(bench_args)}), {cpus_line()}, "
          f"load average {load_average():.2f}; {args.baseline} then now:")
     before = baseline.sweep_figures(before_tree, bench_args)
     after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)

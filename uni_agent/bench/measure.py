@@ -6,6 +6,7 @@ import os
 import resource
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -125,6 +126,30 @@ def percentile(values: list[float], q: float) -> float:
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: `taskset -c 0,1` gives 2 on a 16-core machine), which the
+    workers and sandboxes it starts inherit; os.cpu_count() is the machine's."""
+    return len(os.sched_getaffinity(0))
+
+
+def cpus_line() -> str:
+    """'2 usable CPUs (of the machine's 16)', or '16 CPUs' when the process may use them all."""
+    usable, machine = usable_cpus(), os.cpu_count() or 0
+    return f"{usable} CPUs" if usable == machine else f"{usable} usable CPUs (of the machine's {machine})"
+
+
+def record_counts(results_dir: Path, rollouts: int) -> dict[str, int]:
+    """What a run's part files hold, read as they are (no deduplication, unlike the run's own reader): rows
+    recorded, keys recorded more than once, and rollouts with no row."""
+    import pyarrow.parquet as pq
+
+    keys: list[tuple[str, int]] = []
+    for part in sorted(results_dir.glob("part-*.parquet")):
+        table = pq.read_table(part, columns=["instance_id", "rollout"])
+        keys += zip(table["instance_id"].to_pylist(), table["rollout"].to_pylist())
+    return {"recorded": len(keys), "duplicates": len(keys) - len(set(keys)), "lost": rollouts - len(set(keys))}
 
 
 def ideal_makespan(rollouts: int, concurrency: int, llm_calls_per_rollout: int, delay_s: float) -> float:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .lifetime import die_with_bench
 from .measure import ideal_makespan, load_average
 
 PEER_VERSION = "2.4.6"
@@ -61,7 +62,7 @@ def run_peer(base_url: str, *, concurrency: int, turns: int, delay_s: float, rol
            "MSWEA_GLOBAL_CONFIG_DIR": str(out_dir / "mini-config")}
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "uni_agent.bench.peer", json.dumps(args)], env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+                          capture_output=True, text=True, timeout=timeout_s, preexec_fn=die_with_bench())
     outer_wall = time.monotonic() - started
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{\"bench\"")]
     if proc.returncode != 0 or not lines:
@@ -72,7 +73,10 @@ def run_peer(base_url: str, *, concurrency: int, turns: int, delay_s: float, rol
     ideal = ideal_makespan(rollouts, concurrency, turns + 1, delay_s)
     return {
         "system": "mini-swe-agent", "workers": 1, "concurrency": concurrency, "rollouts": rollouts,
-        "ok": inner["submitted"], "makespan_s": makespan, "ideal_s": ideal, "efficiency": ideal / makespan,
+        "ok": inner["submitted"],
+        # one trajectory file per instance: a rollout without one is lost; a second one cannot exist (no "dup")
+        "recorded": inner["recorded"], "lost": rollouts - inner["recorded"], "duplicates": None,
+        "makespan_s": makespan, "ideal_s": ideal, "efficiency": ideal / makespan,
         "rollouts_per_min": rollouts / makespan * 60, "llm_calls": llm_calls, "commands": inner["commands"],
         "framework_cpu_s": inner["cpu_own_s"],
         "framework_cpu_ms_per_turn": inner["cpu_own_s"] / max(1, llm_calls) * 1000,
@@ -113,7 +117,8 @@ def _main(args: dict[str, Any]) -> None:
 
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     submitted, llm_calls, commands, errors = 0, 0, 0, set()
-    for traj in Path(args["output"]).glob("*/*.traj.json"):
+    trajectories = list(Path(args["output"]).glob("*/*.traj.json"))
+    for traj in trajectories:
         data = json.loads(traj.read_text())
         info = data.get("info", {})
         submitted += info.get("exit_status") == "Submitted"
@@ -123,6 +128,7 @@ def _main(args: dict[str, Any]) -> None:
             errors.add(f"{info.get('exit_status')}: {str(info.get('exception_str', ''))[:200]}")
     print(json.dumps({"bench": {"wall_s": wall, "cpu_own_s": used.own, "cpu_children_s": used.children,
                                 "added_rss_bytes": max(0, peak_rss - baseline_rss), "submitted": submitted,
+                                "recorded": len(trajectories),
                                 "llm_calls": llm_calls, "commands": commands, "errors": sorted(errors)}}), flush=True)
 
 

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from .endpoint_pool import EndpointPool
-from .measure import ensure_limits, load_average
-from .simulate_processes import ProcessCluster, Sampler, page_probe
+from .lifetime import die_with_bench
+from .measure import cpus_line, ensure_limits, load_average, record_counts
+from .out_dir import refuse_earlier_results
+from .simulate_processes import ProcessCluster, Sampler, page_probe, stop_session
 from .simulate_report import check_line, growth_lines, table_head, table_line
 
 COMMAND = "echo hello && ls"
@@ -104,12 +106,13 @@ def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, ou
     if not Path(argv[0]).exists():
         argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=cluster.cwd)
+                            cwd=cluster.cwd, preexec_fn=die_with_bench())
 
 
 def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults: bool = False) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
+    refuse_earlier_results(out / "run")  # a driver on them would resume, with nothing to do
     out.mkdir(parents=True, exist_ok=True)
     data, config, rollouts = write_inputs(out, options, in_flight)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
@@ -127,13 +130,18 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         load_before = load_average()
         started, started_wall = time.monotonic(), time.time()
         driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
-        sampler.watch("driver", driver.pid)
-        profile(driver.pid, "driver")
-        fault_log: list[str] = []
-        if faults:
-            driver = _inject_faults(cluster, driver, options, data, config, endpoint.base_url, out, env, sampler,
-                                    fault_log, echo)
-        code = driver.wait()
+        try:
+            sampler.watch("driver", driver.pid)
+            profile(driver.pid, "driver")
+            fault_log: list[str] = []
+            if faults:
+                driver = _inject_faults(cluster, driver, options, data, config, endpoint.base_url, out, env, sampler,
+                                        fault_log, echo)
+            code = driver.wait()
+        finally:  # stopped early (a signal, an error): the driver first, then the cluster and the endpoints
+            if driver.poll() is None:
+                driver.terminate()
+                stop_session(driver, 10)
         wall = time.monotonic() - started
         last = sampler.probe()
         row["load"] = max(load_before, load_average())  # the machine's 1-minute load: others' work disturbs figures
@@ -172,10 +180,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     table = pq.read_table(results, columns=["instance_id", "rollout", "exit_reason", "started_at", "finished_at"]) \
         if parts else None
     row.update(record_timeline(table, parts, started_wall))
-    keys = list(zip(table["instance_id"].to_pylist(), table["rollout"].to_pylist())) if table is not None else []
-    row["recorded"] = len(keys)
-    row["duplicates"] = len(keys) - len(set(keys))
-    row["lost"] = rollouts - len(set(keys))
+    row.update(record_counts(results, rollouts))
     row["submitted"] = table["exit_reason"].to_pylist().count("submitted") if table is not None else 0
     return row
 
@@ -258,7 +263,7 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     # Per process: a worker holds a connection per rollout it runs, an endpoint process one per rollout it serves.
     notes = ensure_limits(max(options.in_flight), options.workers, options.endpoint_processes)
-    echo(f"uni-agent bench --simulate: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
+    echo(f"uni-agent bench --simulate: {cpus_line()}, Python {sys.version.split()[0]}, load average "
          f"{load_average():.2f} at start")
     echo(f"method: rollouts = {options.waves} x in-flight, each {options.turns} x execute_bash (the memory stand-in: "
          f"{options.command_s * 1000:g} ms, canned output) then submit, every model call answered after "

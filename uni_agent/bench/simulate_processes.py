@@ -14,6 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .lifetime import die_with_bench
+
+from ..dashboard import page_token
+
 
 class ProcessCluster:
     """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation."""
@@ -25,12 +29,22 @@ class ProcessCluster:
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        # Its own session (a worker is killed with its nanny at once; a Ctrl-C goes to the bench alone), and killed
+        # by the kernel when the bench ends, however it ends.
         proc = subprocess.Popen([sys.executable, "-m", "dask", *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd)
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd,
+                                preexec_fn=die_with_bench())
         self.procs[name] = proc
         return proc
 
     def __enter__(self) -> ProcessCluster:
+        try:
+            return self._start_all()
+        except BaseException:  # a failed start (or a signal during it) stops what did start
+            self.__exit__()
+            raise
+
+    def _start_all(self) -> ProcessCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
                     "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
@@ -64,11 +78,17 @@ class ProcessCluster:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_session(proc, 30)
+
+
+def stop_session(proc: subprocess.Popen, grace_s: float) -> None:
+    """Waits `grace_s` for a process that was asked to stop, then kills its whole session (a nanny's worker too)."""
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _wait(ready, timeout: float, error: str) -> None:  # noqa: ANN001
@@ -123,8 +143,11 @@ class Sampler:
 
     def probe(self) -> dict[str, float]:
         figures = self.client.run_on_scheduler(page_probe)
+        token = self.client.run_on_scheduler(page_token)
+        request = urllib.request.Request(f"{self.dashboard}/uni-agent/api/state.json",
+                                         headers={"Authorization": f"Bearer {token}"})  # the page needs the token
         started = time.perf_counter()
-        with urllib.request.urlopen(f"{self.dashboard}/uni-agent/api/state.json", timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             figures["http_bytes"] = len(response.read())
         figures["http_ms"] = (time.perf_counter() - started) * 1000
         figures["t"] = time.monotonic()

@@ -4,8 +4,9 @@ the peer, and the targets next to the figures."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
+
+from .measure import cpus_line
 
 TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.9, 256
 TARGET_CPU_MS_PER_TURN = 2.0
@@ -14,7 +15,7 @@ TARGET_FULL_COMPLETION_AT = 1024
 TARGET_PEER_RATIO = 2.0  # rollouts/min against mini-swe-agent's at TARGET_EFFICIENCY_AT (issue 27)
 
 
-COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
+COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"), ("lost/dup", 8, "{}"),
            ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
            ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("machine CPU ms/turn", 19, "{}"),
            ("start p50/p95 ms", 16, "{}"), ("lead-in/tail s", 14, "{}"),
@@ -31,7 +32,7 @@ def table_line(row: dict[str, Any]) -> str:
         return f"{row['system']:>14} | {'':>7} | {row['concurrency']:>5} | FAILED: {row['failed'].splitlines()[-1][:150]}"
     values = {
         "system": row["system"], "workers": row["workers"], "conc": row["concurrency"],
-        "ok/total": f"{row['ok']}/{row['rollouts']}", "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
+        "ok/total": f"{row['ok']}/{row['rollouts']}", "lost/dup": lost_dup(row), "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
         "eff": row["efficiency"], "rollouts/min": row["rollouts_per_min"],
         "fw CPU ms/turn": row["framework_cpu_ms_per_turn"], "sbx CPU ms/turn": row["sandbox_cpu_ms_per_turn"],
         "machine CPU ms/turn": f"{row['machine_cpu_ms_per_turn']:.2f}" if "machine_cpu_ms_per_turn" in row else "n/a",
@@ -41,6 +42,12 @@ def table_line(row: dict[str, Any]) -> str:
         "MiB/rollout": row["peak_mib_per_rollout"], "load": row["load"],
     }
     return " | ".join(fmt.format(values[name]).rjust(width) for name, width, fmt in COLUMNS)
+
+
+def lost_dup(row: dict[str, Any]) -> str:
+    """'0/0': rollouts with no row / keys recorded twice ('-' where a system cannot record a key twice)."""
+    lost, dup = row.get("lost"), row.get("duplicates")
+    return f"{'-' if lost is None else lost}/{'-' if dup is None else dup}"
 
 
 def show_errors(row: dict[str, Any], echo) -> None:
@@ -82,7 +89,7 @@ def target_lines(rows: list[dict[str, Any]], alone: dict[str, float]) -> list[st
         best = max(at, key=lambda r: r["efficiency"])
         lines.append(f"  [{mark(best['efficiency'] >= TARGET_EFFICIENCY)}] >= {TARGET_EFFICIENCY} of ideal throughput at "
                      f"{TARGET_EFFICIENCY_AT} concurrent: {best['efficiency']:.2f} ({best['workers']} worker(s); "
-                     + ", ".join(f"{r['workers']}w {r['efficiency']:.2f}" for r in at) + f") on {os.cpu_count()} CPUs")
+                     + ", ".join(f"{r['workers']}w {r['efficiency']:.2f}" for r in at) + f") on {cpus_line()}")
     else:
         lines.append(f"  [not run] >= {TARGET_EFFICIENCY} of ideal at {TARGET_EFFICIENCY_AT}: add it to --concurrency")
     if ours:
