@@ -238,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "sandboxes; prints its directory")
     add_prepare_arguments(prepare_parser)
     prepare_parser.set_defaults(func=cmd_prepare)
+    from .cache_maintenance import add_arguments as add_cache_arguments, cmd_cache
+
+    cache_parser = sub.add_parser("cache", help="the uni-agent cache: `uni-agent cache size`, `uni-agent cache prune`")
+    add_cache_arguments(cache_parser)
+    cache_parser.set_defaults(func=cmd_cache)
     return parser
 
 

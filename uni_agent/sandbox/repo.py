@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
@@ -26,10 +27,15 @@ GIT_IDENTITY = {
 }
 
 
+REPOS_DIR = "repos"  # under the cache: one snapshot per distinct source tree
+OBJECT_STORE = ".objects"  # under REPOS_DIR: git object files, hard-linked into every snapshot that has them
+LAST_USED = ".git/uni-agent-last-used"  # in each snapshot, touched at each use: what `uni-agent cache prune` goes by
+
+
 def cache_root() -> Path:
-    root = Path(os.environ.get("UNI_AGENT_CACHE_DIR") or Path.home() / ".cache" / "uni-agent")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    from ..private_dirs import private_cache_dir
+
+    return private_cache_dir()
 
 
 def resolve_repo(repo: str) -> Path:
@@ -54,24 +60,32 @@ def _tree_fingerprint(path: Path) -> str:
 
 
 def prepare_base_repo(source: Path) -> Path:
-    """A cached git snapshot of `source` (all files committed), shared read-only by every sandbox of the task.
+    """A cached git snapshot of `source`, shared read-only by every sandbox of the task.
 
-    Built in a temp dir and renamed into place, so concurrent workers never see a half-built snapshot.
+    A clean git checkout keeps its HEAD (SWE-bench's base_commit stays HEAD inside the sandbox); any other tree gets
+    one "uni-agent base snapshot" commit of all its files. The snapshot's git objects are hard links into one
+    object store, so snapshots of the same history share their disk. Built in a temp dir and renamed into place, so
+    concurrent workers never see a half-built snapshot.
     """
-    base = cache_root() / "repos" / f"{source.name}-{_tree_fingerprint(source)}"
+    base = cache_root() / REPOS_DIR / f"{source.name}-{_tree_fingerprint(source)}"
     if base.is_dir():
+        _touch(base / LAST_USED)
         return base
     base.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{base.name}-", dir=base.parent))
     try:
-        shutil.copytree(source, building, symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        shutil.copytree(source, building, symlinks=True, dirs_exist_ok=True, ignore=_ignore_for(source))
         env = {**os.environ, **GIT_IDENTITY, "GIT_CONFIG_GLOBAL": "/dev/null"}
         run = lambda *args: subprocess.run(["git", *args], cwd=building, env=env, check=True, capture_output=True)  # noqa: E731
-        if not (building / ".git").exists():
+        if (source / ".git").is_dir():
+            link_objects(source / ".git" / "objects", building / ".git" / "objects", base.parent / OBJECT_STORE)
+        else:  # no repository, or a worktree's .git file naming a git dir the sandbox could not see
+            (building / ".git").unlink(missing_ok=True)
             run("init", "-q", "-b", "main")
-        run("add", "-A")
-        run("commit", "-q", "--allow-empty", "--no-verify", "-m", "uni-agent base snapshot")
+        if run("status", "--porcelain").stdout.strip() or not _has_head(run):
+            run("add", "-A")
+            run("commit", "-q", "--allow-empty", "--no-verify", "-m", "uni-agent base snapshot")
+        _touch(building / LAST_USED)
         try:
             os.rename(building, base)
         except OSError:  # another worker finished first; theirs is identical
@@ -80,6 +94,75 @@ def prepare_base_repo(source: Path) -> Path:
         shutil.rmtree(building, ignore_errors=True)
         raise
     return base
+
+
+def _ignore_for(source: Path):
+    """copytree's ignore: caches anywhere, and the git object store (linked instead, link_objects)."""
+    git_dir = str(source / ".git")
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = {n for n in names if n in ("__pycache__", ".pytest_cache")}
+        return skipped | ({"objects"} & set(names) if directory == git_dir else set())
+    return ignore
+
+
+def link_objects(source_objects: Path, objects: Path, store: Path) -> None:
+    """Fill `objects` (a snapshot's .git/objects) with hard links to `store`'s copies of every object file of
+    `source_objects` and of the object stores it borrows from (info/alternates, which the sandbox could not see).
+    Object and pack files are named by their content, so one path in the store is one content."""
+    for directory in _object_dirs(source_objects):
+        for file in directory.rglob("*"):
+            relative = file.relative_to(directory)
+            if relative.parts[0] == "info" or not file.is_file():
+                continue
+            shared = store / relative
+            if not shared.exists():
+                shared.parent.mkdir(parents=True, exist_ok=True)
+                partial = shared.with_name(f".{shared.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                shutil.copy2(file, partial)  # a copy: the store's own inode, so prune can tell what is still used
+                os.replace(partial, shared)
+            target = objects / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(shared, target)
+    (objects / "info").mkdir(parents=True, exist_ok=True)
+
+
+def _object_dirs(objects: Path, seen: set[Path] | None = None) -> list[Path]:
+    seen = set() if seen is None else seen
+    objects = objects.resolve()
+    if objects in seen or not objects.is_dir():
+        return []
+    seen.add(objects)
+    found = [objects]
+    alternates = objects / "info" / "alternates"
+    if alternates.is_file():
+        for line in alternates.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                found += _object_dirs((objects / line.strip()) if not os.path.isabs(line.strip())
+                                      else Path(line.strip()), seen)
+    return found
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or a file of another user (protected_hardlinks)
+        shutil.copy2(source, target)
+
+
+def _has_head(run) -> bool:
+    try:
+        run("rev-parse", "--verify", "-q", "HEAD")
+    except subprocess.CalledProcessError:
+        return False
+    return True
+
+
+def _touch(path: Path) -> None:
+    try:
+        path.touch()
+    except OSError:  # a snapshot shared read-only: its age is then its build time
+        pass
 
 
 def archive_tree(root: Path) -> bytes:

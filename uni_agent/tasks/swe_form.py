@@ -69,6 +69,8 @@ def load_instance(task_dir: Path) -> dict[str, Any]:
             instance[name] = test_list(instance[name], name)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    if "test_cmd" in instance and (not isinstance(instance["test_cmd"], str) or not instance["test_cmd"].strip()):
+        raise ConfigError(f"{path}: test_cmd must be a non-empty string (the command the tests run with)")
     if not instance["FAIL_TO_PASS"]:
         raise ConfigError(f"{path}: FAIL_TO_PASS is empty: there is nothing to grade")
     if not (task_dir / "repo").is_dir():
@@ -95,6 +97,8 @@ def instance_to_row(instance: dict[str, Any], repo_ref: str, agent_name: str, wo
         "FAIL_TO_PASS": json.dumps(test_list(instance["FAIL_TO_PASS"], "FAIL_TO_PASS")),
         "PASS_TO_PASS": json.dumps(test_list(instance["PASS_TO_PASS"], "PASS_TO_PASS")),
     }
+    if instance.get("test_cmd"):  # the grader's command instead of its default (swe_local.DEFAULT_TEST_CMD)
+        metadata["test_cmd"] = instance["test_cmd"]
     user = USER_PROMPT.format(workdir=workdir, problem_statement=instance["problem_statement"].strip())
     return seed_row(
         instance["instance_id"], "uni-agent/bundled" if repo_ref.startswith("bundled:") else "uni-agent/local",
