@@ -163,6 +163,6 @@ def test_validating_rows_loads_no_agent_runtime():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "uni_agent.grading.registry" in loaded
     runtime = ("uni_agent.episode.agent_loop", "uni_agent.episode.conversation", "uni_agent.episode.worker",
-               "uni_agent.llm", "uni_agent.runner", "uni_agent.driver.dispatch", "uni_agent.driver.pool",
+               "uni_agent.llm", "uni_agent.driver.run", "uni_agent.driver.dispatch", "uni_agent.driver.pool",
                "uni_agent.driver.cluster")
     assert not [m for m in loaded if m.startswith(runtime)], loaded

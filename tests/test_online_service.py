@@ -92,7 +92,7 @@ def _sampled_versions(row) -> list[int]:
     return [v for v in row.token_versions if v >= 0]
 
 
-def _rescore(url: str, row, positions: int = 32) -> float:
+def _rescore(url: str, row, api_key: str | None, positions: int = 32) -> float:
     """The median of |row logprob - the serving weights' logprob| over the first sampled tokens of `row`, re-scored
     on the server (the prefix as the engine saw it, one token predicted, its top-100 logprobs before sampling). Not
     exactly 0 for the same weights: a prefix read as one batch is computed along another path than tokens decoded
@@ -103,7 +103,8 @@ def _rescore(url: str, row, positions: int = 32) -> float:
     diffs = []
     for i in sampled[:positions]:
         answer = httpx.post(f"{root}/completion", json={"prompt": list(row.input_ids[:i]), "n_predict": 1,
-                                                        "n_probs": 100, "temperature": 0}, timeout=120).json()
+                                                        "n_probs": 100, "temperature": 0}, timeout=120,
+                            headers={"Authorization": f"Bearer {api_key}"}).json()
         top = {e["id"]: e["logprob"] for e in answer["completion_probabilities"][0]["top_logprobs"]}
         if row.input_ids[i] in top:  # a token the grammar forced may lie outside the model's top 100
             diffs.append(abs(top[row.input_ids[i]] - row.logprobs[i]))
@@ -120,7 +121,7 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
         assert all(v >= 0 for v, m in zip(row.token_versions, row.loss_mask) if m == 1)
 
     url = service.engines.urls[0]
-    old_on_old = [_rescore(url, r) for r in before if not r.token_drift]
+    old_on_old = [_rescore(url, r, service.engines.api_key) for r in before if not r.token_drift]
     report = loop.run(service.update_weights(1, weights(1)), timeout=600)
     assert service.version == 1 and report.seconds > 0 and len(report.replicas) == 1
     props = httpx.get(url.removesuffix("/v1") + "/props").json()
@@ -128,8 +129,8 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
 
     after = _run_batch(loop, service, rows[:1], version=1, step=1)
     assert all(set(_sampled_versions(r)) == {1} and r.policy_version == 1 for r in after)
-    new_on_new = [_rescore(url, r) for r in after if not r.token_drift]
-    old_on_new = [_rescore(url, r) for r in before if not r.token_drift]
+    new_on_new = [_rescore(url, r, service.engines.api_key) for r in after if not r.token_drift]
+    old_on_new = [_rescore(url, r, service.engines.api_key) for r in before if not r.token_drift]
     assert old_on_old and new_on_new and max(old_on_old + new_on_new) < 0.15, (old_on_old, new_on_new)
     assert min(old_on_new) > 3 * max(new_on_new), f"old tokens match the new weights as well: {old_on_new}"
 

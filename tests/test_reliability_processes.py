@@ -22,7 +22,7 @@ from distributed import Client
 from conftest import AGENT_CONFIG, REPO_ROOT, SANDBOX_PROCESSES, _cmd, poll_until
 from uni_agent import AgentConfigs, run
 from uni_agent.driver.dataset import read_rows
-from uni_agent.runner import AgentWorkersLost
+from uni_agent.driver.run import AgentWorkersLost
 from uni_agent.sandbox.local import reap_orphaned_sandboxes, sandbox_root
 from uni_agent.tasks.swe_form import convert
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message

@@ -5,8 +5,8 @@ from .settings import RunSettings
 
 
 def run(*args, **kwargs):
-    """See uni_agent.runner.run (imported lazily: Dask is only loaded when a run starts)."""
-    from .runner import run as _run
+    """See uni_agent.driver.run.run (imported lazily: Dask is only loaded when a run starts)."""
+    from .driver.run import run as _run
 
     return _run(*args, **kwargs)
 

@@ -111,7 +111,7 @@ def settings_from(args: argparse.Namespace, skip: tuple[str, ...] = ("command", 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run
+    from .driver.run import run
 
     outcome = run(settings=settings_from(args))
     print(json.dumps(outcome.summary, indent=2))

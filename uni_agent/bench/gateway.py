@@ -237,7 +237,7 @@ def sweep_point(system: str, base_url: str, *, concurrency: int, turns: int, rol
 
     from distributed import Client, LocalCluster
 
-    from ..runner import run
+    from ..driver.run import run
     from ..sandbox.repo import prepare_base_repo, resolve_repo
     from .measure import Cpu, machine_cpu_seconds
     from .ours import TASK, bench_agents, bench_rows

@@ -19,38 +19,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pandas as pd
 import structlog
-from distributed import Client
 
-from .config import AgentConfigs
-from .dashboard import UniAgentDashboard
-from .driver.dataset import RowProblem
-from .driver.cluster import cluster_client, sandbox_workers, verification_placement
-from .driver.dispatch import AgentWorkersLost, Dispatcher
-from .driver.interrupt import RunInterrupted, run_until_stopped
-from .driver.inputs import load_inputs
-from .driver.policy import DispatchPolicy
-from .driver.pool import ActorPool
-from .engines import EngineFailed, Engines, start_engines
-from .engines.shared_prompt import share_prompt
-from .llm import token_capture_for
-from .logs import configure_logging
-from .driver.manifest import RunManifest, engine_versions
-from .private_dirs import preflight, preflight_workers, prepare_output_dir, private_files
-from .redact import register_secret
-from .registry import import_object
-from .driver.results import ResultsNotWritten, ResultStore, recorded_rows
-from .episode.agent_loop import UniAgentLoop, first_request
-from .episode.rollout import RolloutSpec
-from .settings import RunSettings, load_settings
-from .driver.summary import summarize
-from .episode.trajectory import capture_note
+from ..config import AgentConfigs
+from ..engines import EngineFailed
+from ..episode.rollout import RolloutSpec
+from ..episode.trajectory import capture_note
+from ..llm import token_capture_for
+from ..logs import configure_logging
+from ..private_dirs import preflight, prepare_output_dir, private_files
+from ..redact import register_secret
+from ..settings import RunSettings, load_settings
+from .dataset import RowProblem
+from .dispatch import AgentWorkersLost
+from .inputs import load_inputs
+from .interrupt import RunInterrupted, run_until_stopped
+from .manifest import RunManifest
+from .results import ResultsNotWritten, ResultStore, recorded_rows
+from .session import open_session
+from .summary import summarize
 
 __all__ = ["AgentWorkersLost", "EngineFailed", "ResultsNotWritten", "RunInterrupted", "RunOutcome", "run",
            "run_async"]
-log = structlog.get_logger("uni_agent.runner")
+log = structlog.get_logger("uni_agent.driver.run")
 
 
 @dataclass
@@ -128,8 +120,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
           f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run{retried})", file=sys.stderr)
     try:
         if todo:
-            async with cluster_client(settings, scheduler_address, security) as client:
-                await _run_rollouts(client, todo, settings, store, log_dir, manifest)
+            await _run_rollouts(todo, settings, store, log_dir, manifest, scheduler_address, security)
     finally:  # whatever ended the run, what finished is on disk for the rerun (or in a spill it writes first)
         store.finish()
     store.check_written()  # ResultsNotWritten: results kept in a spill, or rollouts not started for a full disk
@@ -147,19 +138,6 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     return RunOutcome(results.reset_index(drop=True), summary, problems)
 
 
-async def _share_prompt(engines: Engines, spec: RolloutSpec, settings: RunSettings) -> None:
-    """Every llama-server slot starts with the first rollout's opening request cached (its system prompt is every
-    rollout's): the first wave does not read it once per slot. Only time is at stake, so a failure is a warning."""
-    if settings.engine != "llama_cpp" or not settings.engine_share_prompt:
-        return
-    if not issubclass(import_object(spec.agent.target), UniAgentLoop):  # a harness builds its own requests
-        return
-    try:
-        await share_prompt(engines.urls, engines.model_name, *first_request(spec), api_key=engines.api_key)
-    except httpx.HTTPError as exc:
-        log.warning("prompt_not_shared", error=repr(exc))
-
-
 def _run_id(output_dir: Path) -> str:
     """One run id per output dir, so a resumed run keeps its id: the one in run.json, else a new one."""
     marker = output_dir / "run.json"
@@ -168,34 +146,13 @@ def _run_id(output_dir: Path) -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-async def _run_rollouts(client: Client, todo: list[RolloutSpec], settings: RunSettings, store: ResultStore,
-                        log_dir: Path, manifest: RunManifest) -> None:
-    try:  # the live page and metrics (a no-op when the scheduler has them); not worth failing a run for
-        await client.register_plugin(UniAgentDashboard())
-    except Exception as exc:
-        log.warning("dashboard_not_registered", error=repr(exc))
-    await preflight_workers(client)  # before an engine or a sandbox starts there
-    engines = await start_engines(client, settings, str(log_dir))
-    # What each engine says it is goes into run.json; asked while the agent workers start, not before.
-    versions = asyncio.ensure_future(engine_versions(engines.urls, engines.api_key))
-    pool = ActorPool(client, engines, settings, log_dir)
-    try:
-        print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
-        workers = await sandbox_workers(client, settings.gpu_resource_name)
-        policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
-        dispatcher = Dispatcher(client, pool, policy, store, settings, await verification_placement(client, workers))
-        sharing = asyncio.ensure_future(_share_prompt(engines, todo[0], settings))  # while the agent workers start
-        try:
-            await dispatcher.start_actors(workers)
-        except BaseException:
-            sharing.cancel()
-            raise
-        await sharing
-        manifest.note(engines=await versions, model_name=engines.model_name)
+async def _run_rollouts(todo: list[RolloutSpec], settings: RunSettings, store: ResultStore, log_dir: Path,
+                        manifest: RunManifest, scheduler_address: str | None, security: Any) -> None:
+    async with open_session(settings, log_dir, store, scheduler_address=scheduler_address, security=security,
+                            first_spec=todo[0]) as session:
+        engines, dispatcher = session.engines, session.dispatcher
+        assert engines is not None and dispatcher is not None
+        manifest.note(engines=session.engine_versions, model_name=engines.model_name)
         # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
         await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
             dispatcher.run_id, level, message))
-    finally:
-        versions.cancel()  # a run that ended before its engines answered
-        await pool.close()
-        await engines.stop()

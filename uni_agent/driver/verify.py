@@ -11,7 +11,6 @@ timed out or errored are run again, as the official harness reruns instances tha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -23,9 +22,11 @@ import pandas as pd
 from distributed import as_completed
 
 from ..config import ConfigError
-from .cluster import cluster_client, sandbox_workers, verification_placement
+from ..private_dirs import preflight, prepare_output_dir, private_files
 from .inputs import load_inputs
-from ..runner import RunOutcome
+from .interrupt import run_until_stopped
+from .run import RunOutcome
+from .session import open_session
 from ..settings import RunSettings, load_settings
 from ..grading import ReferenceKind, Verification, verify_reference
 from ..grading.verification import VerificationStatus
@@ -49,12 +50,18 @@ def verify_all(data: Any = None, agent_config: Any = None, settings: RunSettings
     if patch not in get_args(ReferenceKind):
         raise ConfigError(f"patch={patch!r}: choose one of {', '.join(get_args(ReferenceKind))}")
     settings = load_settings(settings, **overrides)
-    return asyncio.run(_verify_all(data, agent_config, settings, patch))
+    return run_until_stopped(_verify_all(data, agent_config, settings, patch))
 
 
 async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch: str) -> RunOutcome:
+    with private_files(settings.share_with_group):
+        return await _verify(data, agent_config, settings, patch)
+
+
+async def _verify(data: Any, agent_config: Any, settings: RunSettings, patch: str) -> RunOutcome:
     started = time.monotonic()
     output_dir = settings.output_path(default_output_dir(patch))
+    preflight(output_dir if output_dir.exists() else None, share_with_group=settings.share_with_group)
     inputs = load_inputs(data, agent_config, settings, output_dir, run_id=f"verify-{patch}", n=1, purpose="verify")
     specs, problems = inputs.specs, inputs.problems
     path = output_dir / f"verify_{patch}.parquet"
@@ -62,11 +69,10 @@ async def _verify_all(data: Any, agent_config: Any, settings: RunSettings, patch
     todo = [spec for spec in specs if spec.instance_id not in records]
     if records:
         print(f"resuming: {len(records)} instances already graded in {path}, {len(todo)} to run", file=sys.stderr)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(output_dir, settings.share_with_group)
     if todo:
-        async with cluster_client(settings) as client:
-            workers = await sandbox_workers(client, settings.gpu_resource_name)
-            placement = await verification_placement(client, workers)
+        async with open_session(settings, output_dir / "logs", agents=False) as session:
+            client, placement = session.client, session.placement
             futures = {
                 client.submit(
                     verify_reference, spec.agent, patch, f"{spec.instance_id}-{patch}", pure=False, **placement,

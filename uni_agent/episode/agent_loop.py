@@ -26,6 +26,7 @@ from .exit_reason import ExitReason
 from .failures import classify, infra
 from ..llm import ChatReply, ContextLimitError, LLMError, TokenContext
 from ..redact import redact
+from ..registry import import_object
 from .rollout import RolloutResult, RolloutSpec
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.start import start_sandbox, workspace_patch
@@ -299,6 +300,14 @@ def request_tools(agent: AgentConfig, conversation: Conversation, schemas: list[
         response_format = {"type": "json_object",
                            "schema": decoding_schema(schemas, interaction.tool_call_parser)}
     return tools, response_format
+
+
+def opening_request(spec: RolloutSpec) -> tuple[list[dict[str, Any]], list[dict] | None] | None:
+    """The first model call's messages and tools when this loop runs the rollout; None for an agent that builds its
+    own requests (a harness program). What an engine reads once for all its slots (uni_agent.driver.session)."""
+    if not issubclass(import_object(spec.agent.target), UniAgentLoop):
+        return None
+    return first_request(spec)
 
 
 def first_request(spec: RolloutSpec) -> tuple[list[dict[str, Any]], list[dict] | None]:

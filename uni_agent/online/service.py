@@ -30,16 +30,13 @@ from typing import Any
 import structlog
 
 from ..config import AgentConfigs, ConfigError
-from ..dashboard import UniAgentDashboard
-from ..driver.cluster import cluster_client, sandbox_workers, verification_placement
 from ..driver.dataset import build_specs
-from ..driver.dispatch import Dispatcher
 from ..driver.inputs import agent_overrides, resolve_path
-from ..driver.policy import DispatchPolicy
 from ..driver.results import ResultStore
-from ..engines import start_engines
+from ..driver.session import RunSession, open_session
 from ..episode.rollout import RolloutResult, RolloutSpec
 from ..logs import configure_logging
+from ..private_dirs import preflight, prepare_output_dir
 from ..redact import register_secret
 from ..settings import RunSettings, load_settings
 from .batch import RolloutBatch
@@ -83,44 +80,39 @@ class RolloutService:
         self.agents = agents.override_all(agent_overrides(settings))  # as a batch run applies the run's settings
         register_secret(settings.api_key_value())
         log_dir = self.output_dir / "logs"
+        preflight(self.output_dir if self.output_dir.exists() else None, share_with_group=settings.share_with_group)
+        prepare_output_dir(self.output_dir, settings.share_with_group)
         configure_logging(log_dir, "driver", settings.log_level)
-        try:
-            self.client = await self._hold_client(scheduler_address)
-            with contextlib.suppress(Exception):  # the live page; not worth failing the service for
-                await self.client.register_plugin(UniAgentDashboard())
-            self.engines = await start_engines(self.client, settings, str(log_dir))
-            self._stack.push_async_callback(self.engines.stop)
-            self.model_path = settings.model_path
-            if settings.engine == "llama_cpp" and self.model_path is None:
-                from ..engines.llama_cpp import default_model_path
+        self.model_path = settings.model_path
+        if settings.engine == "llama_cpp" and self.model_path is None:
+            from ..engines.llama_cpp import default_model_path
 
-                self.model_path = default_model_path()
-            self.pool = VersionedPool(self.client, self.engines, settings, log_dir,
-                                      dict.fromkeys(self.engines.urls, version))
-            self._stack.push_async_callback(self.pool.close)
-            workers = await sandbox_workers(self.client, settings.gpu_resource_name)
-            policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
-            self.store = ResultStore(self.output_dir, settings.flush_every)
-            self.dispatcher = Dispatcher(self.client, self.pool, policy, self.store, settings,
-                                         await verification_placement(self.client, workers))
-            self.dispatcher.review = self._review
-            await self.dispatcher.start_actors(workers)
+            self.model_path = default_model_path()
+        self.store = ResultStore(self.output_dir, settings.flush_every)
+        pool_factory = lambda client, engines, settings, log_dir: VersionedPool(  # noqa: E731
+            client, engines, settings, log_dir, dict.fromkeys(engines.urls, version))
+        try:
+            session = await self._hold_session(log_dir, scheduler_address, pool_factory)
         except BaseException:
             await self._stack.aclose()
             raise
+        self.client, self.engines, self.pool = session.client, session.engines, session.pool
+        self.dispatcher = session.dispatcher
+        self.dispatcher.review = self._review
         self._save()
         return self
 
-    async def _hold_client(self, scheduler_address: str | None) -> Any:
-        """The cluster's client, held open by a task of its own until close: a Client is entered and left in one
-        task's context (its current-client variable), while a trainer may start and close the service from two."""
-        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def _hold_session(self, log_dir: Path, scheduler_address: str | None, pool_factory: Any) -> RunSession:
+        """The run session, held open by a task of its own until close: a Client is entered and left in one task's
+        context (its current-client variable), while a trainer may start and close the service from two."""
+        ready: asyncio.Future[RunSession] = asyncio.get_running_loop().create_future()
         release = asyncio.Event()
 
         async def hold() -> None:
             try:
-                async with cluster_client(self.settings, scheduler_address) as client:
-                    ready.set_result(client)
+                async with open_session(self.settings, log_dir, self.store, scheduler_address=scheduler_address,
+                                        pool_factory=pool_factory) as session:
+                    ready.set_result(session)
                     await release.wait()
             except BaseException as exc:
                 if not ready.done():
