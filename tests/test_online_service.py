@@ -88,11 +88,16 @@ def _calls_done(loop, service) -> int:
     return sum(e["calls_done"] for e in loop.run(service.stats())["engines"].values())
 
 
+def _auth(service) -> dict[str, str]:
+    """The run's engines answer only their key (uni_agent.engines.new_api_key)."""
+    return {"Authorization": f"Bearer {service.engines.api_key}"}
+
+
 def _sampled_versions(row) -> list[int]:
     return [v for v in row.token_versions if v >= 0]
 
 
-def _rescore(url: str, row, api_key: str | None, positions: int = 32) -> float:
+def _rescore(url: str, row, auth: dict[str, str], positions: int = 32) -> float:
     """The median of |row logprob - the serving weights' logprob| over the first sampled tokens of `row`, re-scored
     on the server (the prefix as the engine saw it, one token predicted, its top-100 logprobs before sampling). Not
     exactly 0 for the same weights: a prefix read as one batch is computed along another path than tokens decoded
@@ -103,8 +108,7 @@ def _rescore(url: str, row, api_key: str | None, positions: int = 32) -> float:
     diffs = []
     for i in sampled[:positions]:
         answer = httpx.post(f"{root}/completion", json={"prompt": list(row.input_ids[:i]), "n_predict": 1,
-                                                        "n_probs": 100, "temperature": 0}, timeout=120,
-                            headers={"Authorization": f"Bearer {api_key}"}).json()
+                                                        "n_probs": 100, "temperature": 0}, timeout=120, headers=auth).json()
         top = {e["id"]: e["logprob"] for e in answer["completion_probabilities"][0]["top_logprobs"]}
         if row.input_ids[i] in top:  # a token the grammar forced may lie outside the model's top 100
             diffs.append(abs(top[row.input_ids[i]] - row.logprobs[i]))
@@ -121,16 +125,16 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
         assert all(v >= 0 for v, m in zip(row.token_versions, row.loss_mask) if m == 1)
 
     url = service.engines.urls[0]
-    old_on_old = [_rescore(url, r, service.engines.api_key) for r in before if not r.token_drift]
+    old_on_old = [_rescore(url, r, _auth(service)) for r in before if not r.token_drift]
     report = loop.run(service.update_weights(1, weights(1)), timeout=600)
     assert service.version == 1 and report.seconds > 0 and len(report.replicas) == 1
-    props = httpx.get(url.removesuffix("/v1") + "/props").json()
+    props = httpx.get(url.removesuffix("/v1") + "/props", headers=_auth(service)).json()
     assert props["model_path"] == weights(1)
 
     after = _run_batch(loop, service, rows[:1], version=1, step=1)
     assert all(set(_sampled_versions(r)) == {1} and r.policy_version == 1 for r in after)
-    new_on_new = [_rescore(url, r, service.engines.api_key) for r in after if not r.token_drift]
-    old_on_new = [_rescore(url, r, service.engines.api_key) for r in before if not r.token_drift]
+    new_on_new = [_rescore(url, r, _auth(service)) for r in after if not r.token_drift]
+    old_on_new = [_rescore(url, r, _auth(service)) for r in before if not r.token_drift]
     assert old_on_old and new_on_new and max(old_on_old + new_on_new) < 0.15, (old_on_old, new_on_new)
     assert min(old_on_new) > 3 * max(new_on_new), f"old tokens match the new weights as well: {old_on_new}"
 
@@ -206,7 +210,8 @@ def test_max_staleness_restarts_stale_rollouts(loop, long_service, weights, rows
 
 def test_an_update_to_a_broken_file_keeps_the_old_version_serving(loop, service, tmp_path, weights, rows):
     v = service.version
-    serving = httpx.get(service.engines.urls[0].removesuffix("/v1") + "/props").json()["model_path"]
+    root = service.engines.urls[0].removesuffix("/v1")
+    serving = httpx.get(root + "/props", headers=_auth(service)).json()["model_path"]
     not_gguf = tmp_path / "weights.bin"
     not_gguf.write_bytes(b"not a model at all" * 100)
     with pytest.raises(UpdateFailed, match=f"(?s)not a GGUF file.*version {v} .*serves on every replica"):
@@ -216,7 +221,7 @@ def test_an_update_to_a_broken_file_keeps_the_old_version_serving(loop, service,
     with pytest.raises(UpdateFailed, match=f"(?s)broken.gguf did not start.*version {v} .*serves on every replica"):
         loop.run(service.update_weights(v + 1, str(broken)), timeout=600)
     assert service.version == v
-    props = httpx.get(service.engines.urls[0].removesuffix("/v1") + "/props").json()
+    props = httpx.get(service.engines.urls[0].removesuffix("/v1") + "/props", headers=_auth(service)).json()
     assert props["model_path"] == serving
     results = _run_batch(loop, service, rows[:1], n=1)
     assert results and set(_sampled_versions(results[0])) == {v}
