@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from .cpu_split import CpuSplit
-from .measure import Cpu, PeakMemory, cpu_now, ideal_makespan, load_average, machine_cpu_seconds, percentile
+from .lifetime import die_with_bench, stop_on_signals
+from .measure import (Cpu, PeakMemory, cpu_now, ideal_makespan, load_average, machine_cpu_seconds, percentile,
+                      record_counts)
+from .out_dir import refuse_earlier_results
 
 TASK = "uni-agent__romanum-4"
 
@@ -53,9 +56,10 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
 
     from ..driver.cluster import WORKER_PRELOAD
     from ..driver.tls import local_security
-    from ..runner import run
+    from ..driver.run import run
     from ..sandbox.local import prepare_base_repo, resolve_repo
 
+    refuse_earlier_results(out_dir)  # a run on them would resume: nothing to do, a makespan of 0.1 s
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = bench_rows(out_dir.parent)
     prepare_base_repo(resolve_repo(f"bundled:{TASK}"))  # the shared snapshot is built once per task, not measured
@@ -80,6 +84,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
                           base_url=base_url, model_name="scripted", n=rollouts, agent_workers=workers, verify=False,
                           progress=False, output_dir=str(out_dir), log_level="INFO")
             makespan, wall_returned = time.monotonic() - started, time.time()
+        stop_on_signals()  # the run's own handlers left the default behind
         machine_cpu = machine_cpu_seconds() - machine_before
         after_workers = client.run(cpu_now)
         after_driver = cpu_now()
@@ -94,6 +99,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
     failures = results[results["exit_reason"] != "submitted"]
     return {
         "system": "uni-agent", "workers": workers, "concurrency": concurrency, "rollouts": rollouts, "ok": ok,
+        **record_counts(out_dir / "results", rollouts),  # recorded, lost, duplicates: from the part files
         "makespan_s": makespan, "ideal_s": ideal, "efficiency": ideal / makespan,
         "rollouts_per_min": rollouts / makespan * 60,
         # The run's fixed cost: from the call to the first rollout's start, and from the last one's end to the return.
@@ -104,7 +110,9 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "framework_cpu_ms_per_turn": (workers_cpu.own + driver_cpu.own) / max(1, llm_calls) * 1000,
         "worker_cpu_ms_per_turn": workers_cpu.own / max(1, llm_calls) * 1000,
         "driver_cpu_ms_per_turn": driver_cpu.own / max(1, llm_calls) * 1000,
-        "sandbox_cpu_ms_per_turn": workers_cpu.children / max(1, llm_calls) * 1000,
+        # Every process below a worker (the pod, its sandboxes, their commands, git), from /proc: a worker's own
+        # RUSAGE_CHILDREN no longer sees them, since the pod that reaps them outlives the run (cpu_split.py).
+        "sandbox_cpu_ms_per_turn": split.seconds["sandboxes"] / max(1, llm_calls) * 1000,
         "machine_cpu_ms_per_turn": machine_cpu / max(1, llm_calls) * 1000,
         "cpu_split_s": split.seconds,
         "cpu_else_s": split.breakdown(),
@@ -134,7 +142,7 @@ def start_profiler(pid: int, output: Path, rate: int, fmt: str) -> subprocess.Po
     """`py-spy record` of one process into `output` (`fmt`: speedscope, raw, flamegraph)."""
     return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking",
                              "--format", fmt, "--output", str(output)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_bench())
 
 
 def stop_profilers(procs: list[subprocess.Popen]) -> None:
