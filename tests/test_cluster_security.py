@@ -1,8 +1,9 @@
 """The run's cluster authenticates: a real LocalCluster (worker processes) started by the driver's cluster_client speaks
 TLS with credentials only its own processes hold, so a client without them (plain tcp, TLS without a certificate, TLS
 with credentials of its own) gets nothing, neither from the scheduler nor from a worker or nanny, while the run's own
-tasks and actors work. Also as another, unprivileged user (created here when running as root; skipped otherwise):
-that user cannot reach root's run's cluster, and root's attempts on that user's run's cluster are refused the same way.
+tasks and actors work, and its pages answer only with the run's token (tests/test_security_pages.py has the rest).
+Also as another, unprivileged user (created here when running as root; skipped otherwise): that user cannot reach
+root's run's cluster, and root's attempts on that user's run's cluster are refused the same way.
 The credentials files for clusters started apart: private, refused when not, a warning for tcp://.
 """
 
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 
 from stranger import attempts, got_in, identity
 from unprivileged import ensure_user, popen_as, remove_users, run_as
+from uni_agent.dashboard import page_token
 from uni_agent.driver import tls
 from uni_agent.driver.cluster import cluster_client
 from uni_agent.settings import load_settings
@@ -38,9 +41,14 @@ class Tally:
         return self.total
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.read().decode()
+def _get(url: str, token: str | None = None) -> str:
+    """The page's text; for a refused request "HTTP <status>"."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
 
 
 async def _addresses(client) -> dict[str, str]:
@@ -73,20 +81,23 @@ def test_the_runs_cluster_takes_only_its_own_credentials():
             report = {address: await attempts(address) for address in where.values()}
 
             base = client.dashboard_link.removesuffix("/status")
+            token = await client.run_on_scheduler(page_token)  # what the run prints in the link
+            paths = ("/json/identity.json", "/uni-agent/api/state.json?run=run-tls")
+            without_token = {path: await asyncio.to_thread(_get, base + path) for path in paths}
             pages = {}
             for _ in range(100):  # the event reaches the plugin soon after log_event returns
-                pages = {path: await asyncio.to_thread(_get, base + path)
-                         for path in ("/json/identity.json", "/uni-agent/api/state.json?run=run-tls")}
+                pages = {path: await asyncio.to_thread(_get, base + path, token) for path in paths}
                 if "task-tls" in pages["/uni-agent/api/state.json?run=run-tls"]:
                     break
                 await asyncio.sleep(0.1)
             key = client.security.tls_client_key
             seen_by_workers = await client.run(
                 lambda: open("/proc/self/cmdline", "rb").read() + open("/proc/self/environ", "rb").read())
-            return report, pages, key, seen_by_workers
+            return report, pages, key, seen_by_workers, without_token
 
-    report, pages, key, seen_by_workers = asyncio.run(scenario())
+    report, pages, key, seen_by_workers, without_token = asyncio.run(scenario())
     assert not got_in(report), json.dumps(report, indent=1)
+    assert without_token == {path: "HTTP 403" for path in pages}, without_token  # the pages need the run's token
 
     # What the pages serve: addresses (no key without credentials), never the credentials themselves.
     assert "task-tls" in pages["/uni-agent/api/state.json?run=run-tls"]  # the page did get the run's state

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from uni_agent.dashboard import DashboardState, UniAgentDashboard, page_url
+from uni_agent.dashboard import DashboardState, UniAgentDashboard, page_token, page_url
 from uni_agent.dashboard.state import percentile
 from uni_agent.events import STATES, TOPIC
 
@@ -255,9 +255,10 @@ def test_page_url_sits_next_to_the_dask_dashboard():
 # -- the plugin in a real scheduler ---------------------------------------------------------------------------------
 
 
-def _get(url):
+def _get(url, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}  # the pages need the scheduler's token
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, "", exc.read().decode()
@@ -294,8 +295,8 @@ def test_plugin_serves_page_json_detail_and_metrics_from_a_real_scheduler():
             for e in events[3:]:
                 await c.log_event(TOPIC, e)
             await c.log_event("other-topic", ev("queued", "zzz", run="live"))
-            base = f"http://127.0.0.1:{s.http_server.port}"
-            return await asyncio.gather(*(asyncio.to_thread(_get, base + path) for path in (
+            base, token = f"http://127.0.0.1:{s.http_server.port}", page_token(s)
+            return await asyncio.gather(*(asyncio.to_thread(_get, base + path, token) for path in (
                 "/uni-agent", "/uni-agent/api/state.json", "/uni-agent/api/state.json?run=nope",
                 "/uni-agent/api/rollout/live/astropy__astropy-1/0.json", "/uni-agent/api/rollout/live/zzz/0.json",
                 "/metrics", "/uni-agent/api/state.json?limit=x"))), before
@@ -336,7 +337,8 @@ def test_preload_installs_the_page_with_the_scheduler():
     async def scenario():
         async with Scheduler(host="127.0.0.1", dashboard_address="127.0.0.1:0", preload=["uni_agent.dashboard"]) as s:
             assert isinstance(s.plugins.get(UniAgentDashboard.name), UniAgentDashboard)
-            return await asyncio.to_thread(_get, f"http://127.0.0.1:{s.http_server.port}/uni-agent/api/state.json")
+            return await asyncio.to_thread(_get, f"http://127.0.0.1:{s.http_server.port}/uni-agent/api/state.json",
+                                           page_token(s))
 
     status, _, body = asyncio.run(scenario())
     assert status == 200 and json.loads(body)["found"] is False

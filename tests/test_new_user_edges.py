@@ -79,11 +79,6 @@ def test_bad_number_from_variable_file_or_keyword_names_that(clean_env, monkeypa
         load_settings()
     assert str(info.value) == "UNI_AGENT_AGENT_WORKERS must be >= 0 (got '-1')"
     monkeypatch.delenv("UNI_AGENT_AGENT_WORKERS")
-    monkeypatch.setenv("UNI_AGENT_NUM_WORKERS", "-1")  # the old name: named as given
-    with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
-        load_settings()
-    assert str(info.value) == "UNI_AGENT_NUM_WORKERS must be >= 0 (got '-1')"
-    monkeypatch.delenv("UNI_AGENT_NUM_WORKERS")
 
     clean_env.write_text("max_turns: 0\n")
     with pytest.raises(ConfigError) as info:
@@ -108,38 +103,6 @@ def test_local_workers_0_is_one_per_two_usable_cpus(clean_env, monkeypatch, cpus
     assert local_worker_count(load_settings(local_workers=given)) == workers
 
 
-def test_old_worker_setting_names_still_work_with_a_warning(clean_env, monkeypatch):
-    """n_workers and num_workers are now local_workers and agent_workers; the old names keep working everywhere a
-    setting is given (keyword, variable, settings file), each with a FutureWarning naming the new one."""
-    with pytest.warns(FutureWarning, match="keyword num_workers is the old name of agent_workers"):
-        assert load_settings(num_workers=5).agent_workers == 5
-    with pytest.warns(FutureWarning, match="keyword n_workers is the old name of local_workers"):
-        assert load_settings(n_workers=3).local_workers == 3
-    assert "num_workers" not in RunSettings.model_fields and "n_workers" not in RunSettings.model_fields
-
-    monkeypatch.setenv("UNI_AGENT_N_WORKERS", "4")
-    with pytest.warns(FutureWarning, match="UNI_AGENT_N_WORKERS is the old name of UNI_AGENT_LOCAL_WORKERS"):
-        assert load_settings().local_workers == 4
-    with pytest.warns(FutureWarning):
-        assert load_settings(local_workers=6).local_workers == 6  # a keyword still wins over a variable
-    monkeypatch.setenv("UNI_AGENT_LOCAL_WORKERS", "4")
-    with pytest.raises(ConfigError, match="UNI_AGENT_N_WORKERS and UNI_AGENT_LOCAL_WORKERS both set"):
-        load_settings()
-    monkeypatch.delenv("UNI_AGENT_N_WORKERS")
-    monkeypatch.delenv("UNI_AGENT_LOCAL_WORKERS")
-
-    clean_env.write_text("num_workers: 7\n")
-    with pytest.warns(FutureWarning, match=f"{re.escape(str(clean_env))}: num_workers is the old name"):
-        assert load_settings().agent_workers == 7
-    clean_env.write_text("num_workers: -1\n")
-    with pytest.raises(ConfigError) as info, pytest.warns(FutureWarning):
-        load_settings()
-    assert str(info.value) == f"{clean_env}: num_workers must be >= 0 (got -1)"
-    clean_env.write_text("num_workers: 7\nagent_workers: 2\n")
-    with pytest.raises(ConfigError, match="num_workers and agent_workers both given"):
-        load_settings()
-
-
 def test_secret_value_is_never_echoed_in_an_error(clean_env):
     with pytest.raises(ConfigError) as info:
         load_settings(api_key=12345678)
@@ -161,8 +124,8 @@ def test_misspelled_variable_is_an_error_naming_the_closest(clean_env, monkeypat
 def test_variable_far_from_any_name_says_what_the_names_are(clean_env, monkeypatch):
     monkeypatch.setenv("UNI_AGENT_ZZZ", "1")
     with pytest.raises(ConfigError, match=re.escape(
-            "unknown environment variable UNI_AGENT_ZZZ (run settings are UNI_AGENT_<key> for the keys of "
-            "settings/default.yaml)")):
+            "unknown environment variable UNI_AGENT_ZZZ (run settings are UNI_AGENT_<key> for the keys "
+            "`python -m uni_agent.settings_reference` lists)")):
         load_settings()
 
 
@@ -273,7 +236,7 @@ def test_run_with_a_client_prints_the_page(clean_env, rows, dask_client, tmp_pat
                       model_name="scripted", output_dir=str(tmp_path / "out"), progress=False, verify=False)
     assert outcome.summary["num_rollouts"] == 1
     err = capfd.readouterr().err
-    assert f"uni-agent page: {dask_client.dashboard_link.rsplit('/', 1)[0]}/uni-agent\n" in err, err[-2000:]
+    assert f"uni-agent page: {dask_client.dashboard_link.rsplit('/', 1)[0]}/uni-agent?token=" in err, err[-2000:]
     assert (tmp_path / "out" / "run.json").exists() and (tmp_path / "out" / "logs").is_dir()
 
 
@@ -292,7 +255,7 @@ def test_scheduler_file_prints_the_page(clean_env, dask_client, tmp_path, capfd)
             return client.dashboard_link
 
     link = asyncio.run(connect())
-    assert link and f"uni-agent page: {link.rsplit('/', 1)[0]}/uni-agent\n" in capfd.readouterr().err
+    assert link and f"uni-agent page: {link.rsplit('/', 1)[0]}/uni-agent?token=" in capfd.readouterr().err
 
 
 # -- the README's tour: its first command is sized to finish in minutes, and says how long it took -----------------

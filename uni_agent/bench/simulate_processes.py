@@ -111,6 +111,7 @@ class Sampler:
         self.cpu0: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         self.peak_rss: dict[str, int] = {}
+        self.peak_fds: dict[str, int] = {}  # open files: what the open-file estimate (measure.fds_needed) predicts
         self.page: list[dict[str, float]] = []  # one probe every few seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="sim-sampler")
@@ -125,12 +126,13 @@ class Sampler:
     def _sample(self) -> None:
         for name, proc in list(self.procs.items()):
             try:
-                times, rss = proc.cpu_times(), proc.memory_info().rss
+                times, rss, fds = proc.cpu_times(), proc.memory_info().rss, proc.num_fds()
             except self.psutil.Error:  # gone (killed on purpose, or a driver that finished)
                 self.procs.pop(name)
                 continue
             self.cpu[name] = times.user + times.system - self.cpu0[name]
             self.peak_rss[name] = max(self.peak_rss.get(name, 0), rss)
+            self.peak_fds[name] = max(self.peak_fds.get(name, 0), fds)
 
     def _loop(self) -> None:
         probes = 0

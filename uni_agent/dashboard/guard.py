@@ -10,7 +10,8 @@ the scheduler's HTTP server behind one token: Dask's pages and JSON, bokeh's app
                                  carries the browser, websockets included
     Authorization: Bearer T      scrapers (Prometheus' credentials_file) and scripts
 
-and anything else gets 403 and nothing more. The check sits in front of the routing of Dask's RoutingApplication
+and anything else gets 403 and nothing more, as does a request another origin's page sends (its Origin header names
+another host or port), cookie or not. The check sits in front of the routing of Dask's RoutingApplication
 (its find_handler: every request passes there before any handler of Dask, bokeh or ours runs).
 
 The token reaches its user two ways: the driver prints the address with it (`page_token`, run on the scheduler over
@@ -87,6 +88,8 @@ class PageGuard(SchedulerPlugin):
 
     def find_handler(self, request: httputil.HTTPServerRequest, **kwargs: Any) -> Any:
         app = self._app
+        if not _same_origin(request):
+            return app.get_handler_delegate(request, _Refused)
         given = _query_token(request)
         if given is not None and self._matches(given):
             if request.method in ("GET", "HEAD"):  # a browser's first visit: the cookie, then the address without it
@@ -157,6 +160,14 @@ def _bearer(request: httputil.HTTPServerRequest) -> str | None:
 def _cookie(request: httputil.HTTPServerRequest, name: str) -> str | None:
     morsel = request.cookies.get(name)  # tornado answers {} for a header it cannot parse
     return None if morsel is None else morsel.value
+
+
+def _same_origin(request: httputil.HTTPServerRequest) -> bool:
+    """No Origin (a scraper, a page's own GET), or this server's. Cookies ignore ports, and SameSite counts every
+    port of 127.0.0.1 as the same site: a page another user serves on another port, opened in the user's browser,
+    could otherwise open bokeh's websocket (Dask allows any origin) with the user's cookie and read it."""
+    origin = request.headers.get("Origin")
+    return origin is None or urlsplit(origin).netloc == request.host
 
 
 def _without_token(request: httputil.HTTPServerRequest) -> str:
