@@ -18,6 +18,22 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
+
+
+def listener_uid(port: int) -> int | None:
+    """The uid that owns the socket listening on `port` (any address, IPv4 or IPv6), from /proc/net/tcp{,6}; None
+    when nothing listens there. Another user may bind a port between our choosing it and our server binding it."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f, None)  # the header
+            for line in f:
+                fields = line.split()
+                if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return int(fields[7])
+    return None
+
+
 def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))

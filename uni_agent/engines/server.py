@@ -31,7 +31,7 @@ import httpx
 import structlog
 
 from ..redact import register_secret
-from .process import free_port, kill_group, launch, terminate, wait_until_bindable, worker_host
+from .process import free_port, kill_group, launch, listener_uid, terminate, wait_until_bindable, worker_host
 
 log = structlog.get_logger("uni_agent.engines")
 STATES = ("new", "serving", "restarting", "failed", "stopped")
@@ -128,12 +128,22 @@ class ServerActor:
                 if proc.returncode is not None:
                     raise RuntimeError(f"{self.name} exited with {proc.returncode}; see {self.log_path}:\n"
                                        + self.log_tail())
+                self._check_listener(port or self._port, proc)  # before the key goes to whoever answers
                 with contextlib.suppress(httpx.HTTPError):
                     if (await http.get(f"{url}/models")).status_code == 200:
                         return
                 await asyncio.sleep(0.5)
         await terminate(proc)
         raise TimeoutError(f"{self.name} did not answer at {url} within {timeout:g}s; see {self.log_path}")
+
+    def _check_listener(self, port: int | None, proc: asyncio.subprocess.Process) -> None:
+        """Whoever listens on the port must be us: another user who bound it first would get every request of the
+        run, the API key in each."""
+        owner = listener_uid(port) if port is not None else None
+        if owner is not None and owner != os.geteuid():
+            kill_group(proc.pid)
+            raise RuntimeError(f"{self.name}: port {port} is held by another user (uid {owner}), not by this "
+                               "server; refusing to send it the run's requests")
 
     def _watch_current(self) -> None:
         proc = self._proc
