@@ -160,6 +160,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     cpu = sampler.cpu
     row["cpu_s"] = dict(cpu)
     row["peak_rss_mib"] = {k: v / 2**20 for k, v in sampler.peak_rss.items()}
+    row["peak_fds"] = dict(sampler.peak_fds)
     row["scheduler_cores"] = cpu.get("scheduler", 0.0) / makespan
     row["driver_cores"] = cpu.get("driver", 0.0) / makespan
     workers = [k for k in cpu if k.startswith("sim-")]

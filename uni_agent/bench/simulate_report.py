@@ -80,7 +80,22 @@ def check_line(row: dict[str, Any]) -> str:
     return (f"    recorded {row['recorded']} rows for {row['rollouts']} rollouts: {row['lost']} lost, "
             f"{row['duplicates']} duplicate keys, {row['submitted']} submitted; driver exit {row['driver_exit']}; "
             f"page held {row['page_rollouts_held']} rollouts, largest state {row['page_state_kb_max']:.0f} KB built "
-            f"in {row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)" + timeline(row))
+            f"in {row['page_build_ms_max']:.1f} ms (HTTP {row['page_http_ms_max']:.0f} ms)" + timeline(row)
+            + open_files(row))
+
+
+def open_files(row: dict[str, Any]) -> str:
+    """The open files each kind of process held at its peak (sampled each second), per rollout it served."""
+    fds = row.get("peak_fds") or {}
+    if not fds:
+        return ""
+    workers = [fds[k] for k in fds if k.startswith("sim-")]
+    endpoints = [fds[k] for k in fds if k.startswith("endpoint-")]
+    per_worker = -(-row["in_flight"] // max(1, len(workers)))
+    per_endpoint = -(-row["in_flight"] // max(1, len(endpoints)))
+    busiest = lambda values, per: f"{max(values)} ({max(values) / per:.2f} per rollout in flight)" if values else "-"  # noqa: E731
+    return (f"\n    open files at peak: busiest worker {busiest(workers, per_worker)}, busiest endpoint process "
+            f"{busiest(endpoints, per_endpoint)}, scheduler {fds.get('scheduler', 0)}, driver {fds.get('driver', 0)}")
 
 
 def timeline(row: dict[str, Any]) -> str:
