@@ -1,20 +1,19 @@
-"""Agent config YAML, row merging and run settings: what is accepted, what wins, and what the errors say."""
+"""Agent config YAML and row merging: what is accepted, what wins, and what the errors say (run settings:
+tests/test_run_settings.py)."""
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import SecretStr, ValidationError
 
 from uni_agent.config import TOOL_NAMES, AgentConfigs, ConfigError, deep_merge
 from uni_agent.driver.inputs import AGENT_SETTINGS, load_inputs
-from uni_agent.settings import REPO_ROOT, RunSettings, load_settings
+from uni_agent.settings import REPO_ROOT, RunSettings
 
 EXAMPLE_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 
@@ -313,114 +312,14 @@ def test_a_run_setting_beats_the_row_which_beats_the_yaml(name: str, tmp_path: P
     assert value(run_value, row_sets=False) == run_value
 
 
-def test_an_old_key_name_still_works_with_a_warning_naming_where_it_was_written(tmp_path: Path, rows) -> None:
-    path = write_agents(tmp_path, [{"name": "a", "interaction": {"tool_parser": "qwen3_coder"}}])
-    with pytest.warns(FutureWarning, match=r"agents.yaml \(agent 'a'\): interaction: tool_parser is the old name of "
-                                           r"tool_call_parser: use tool_call_parser"):
-        agents = AgentConfigs.load(path)
-    assert agents.validated["a"].interaction.tool_call_parser == "qwen3_coder"
-    with pytest.warns(FutureWarning, match=r"^row 3: tools_kwargs: interaction: tool_parser is the old name"):
-        row = agents.for_row("a", {"interaction": {"tool_parser": "hermes"}}, "row 3")
-    assert row.interaction.tool_call_parser == "hermes"
-    with pytest.raises(ConfigError, match="tool_parser is the old name of tool_call_parser; give only"):
-        agents.for_row("a", {"interaction": {"tool_parser": "hermes", "tool_call_parser": "hermes"}}, "row 4")
-
-
-# -- RunSettings ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A clean environment: no UNI_AGENT_* run setting leaks in from the caller; the settings file is a tmp one."""
-    for key in list(os.environ):
-        if key.startswith("UNI_AGENT_") and key not in ("UNI_AGENT_SANDBOX_ROOT", "UNI_AGENT_CACHE_DIR"):
-            monkeypatch.delenv(key)
-    path = tmp_path / "settings.yaml"
-    path.write_text("# empty: every field at its default\n")
-    monkeypatch.setenv("UNI_AGENT_SETTINGS_FILE", str(path))
-    return path
-
-
-def test_settings_file_that_does_not_exist_is_an_error(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNI_AGENT_SETTINGS_FILE", str(settings_env.parent / "nope.yaml"))
-    with pytest.raises(ConfigError, match="nope.yaml: no such file"):
-        load_settings()
-
-
-def test_load_settings_names_the_field_and_the_file(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings_env.write_text("n: 2\nturbo: true\n")
-    with pytest.raises(ConfigError) as info:
-        load_settings()
-    assert "turbo" in str(info.value) and str(settings_env) in str(info.value)
-    settings_env.write_text("n: 2\n")
-    monkeypatch.setenv("UNI_AGENT_N", "several")
-    with pytest.raises(ConfigError, match="UNI_AGENT_N should be a valid integer"):  # named as the variable
-        load_settings()
-    assert load_settings(load_settings(n=5), max_turns=2).n == 5
-
-
-def test_settings_precedence_file_env_kwargs(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings_env.write_text("n: 3\nmax_turns: 4\ntemperature: 0.1\noutput_dir: /from/file\nengine: external\n")
-    from_file = RunSettings()
-    assert (from_file.n, from_file.max_turns, from_file.temperature) == (3, 4, 0.1)
-    assert from_file.output_dir == "/from/file"
-    assert from_file.engine == "external"
-    assert from_file.top_p == 0.9  # not in the file: the class default
-
-    monkeypatch.setenv("UNI_AGENT_MAX_TURNS", "5")
-    monkeypatch.setenv("UNI_AGENT_TEMPERATURE", "0.2")
-    from_env = RunSettings()
-    assert (from_env.n, from_env.max_turns, from_env.temperature) == (3, 5, 0.2)
-
-    from_kwargs = RunSettings(temperature=0.7, n=8)
-    assert (from_kwargs.n, from_kwargs.max_turns, from_kwargs.temperature) == (8, 5, 0.7)
-    assert from_kwargs.output_dir == "/from/file"
-
-
-def test_settings_default_file_is_used_without_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith("UNI_AGENT_") and key not in ("UNI_AGENT_SANDBOX_ROOT", "UNI_AGENT_CACHE_DIR"):
-            monkeypatch.delenv(key)
-    defaults = yaml.safe_load((REPO_ROOT / "settings" / "default.yaml").read_text())
-    settings = RunSettings()
-    for key, value in defaults.items():
-        got = getattr(settings, key)
-        assert (got.get_secret_value() if isinstance(got, SecretStr) else got) == value, key
-
-
-def test_settings_unknown_key_in_file_is_an_error(settings_env: Path) -> None:
-    settings_env.write_text("n: 2\nmax_turn: 4\n")
-    with pytest.raises(ValidationError) as info:
-        RunSettings()
-    assert "max_turn" in str(info.value)
-    assert "Extra inputs" in str(info.value)
-
-
-def test_settings_bad_env_value_is_an_error(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("UNI_AGENT_N", "several")
-    with pytest.raises(ValidationError) as info:
-        RunSettings()
-    assert "n" in {str(e["loc"][0]) for e in info.value.errors()}
-
-
-def test_settings_api_key_is_secret(settings_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    key = "sk-test-DO-NOT-LEAK-1234567890"
-    monkeypatch.setenv("UNI_AGENT_API_KEY", key)
-    settings = RunSettings()
-    assert isinstance(settings.api_key, SecretStr)
-    assert settings.api_key_value() == key
-    for text in (repr(settings.api_key), str(settings.api_key), repr(settings), str(settings),
-                 settings.model_dump_json()):
-        assert key not in text
-    assert RunSettings(api_key="other-secret").api_key_value() == "other-secret"
-    assert "other-secret" not in repr(RunSettings(api_key="other-secret"))
-
-
-def test_settings_without_api_key(settings_env: Path) -> None:
-    settings = RunSettings()
-    assert settings.api_key is None
-    assert settings.api_key_value() is None
-    assert settings.sampling() == {"temperature": 0.8, "top_p": 0.9, "max_tokens": 512}
+def test_an_old_spelling_of_a_key_is_an_unknown_key(tmp_path: Path) -> None:
+    """No old key names are kept alive (a 0.1.0 project had no users of them): `tool_parser`, the old name of
+    `tool_call_parser`, is refused like any misspelling, naming the file, the agent and the field."""
+    message = load_error(write_agents(tmp_path, [{"name": "a", "interaction": {"tool_parser": "qwen3_coder"}}]))
+    assert message.startswith(f"{tmp_path / 'agents.yaml'} (agent 'a'): invalid agent config"), message
+    assert names_field(message, "interaction.tool_parser") and "Extra inputs are not permitted" in message, message
+    with pytest.raises(ConfigError, match=r"row 3: invalid agent config\n  interaction.tool_parser: Extra inputs"):
+        AgentConfigs.load(EXAMPLE_CONFIG).for_row("swe_agent", {"interaction": {"tool_parser": "hermes"}}, "row 3")
 
 
 def test_constrained_tool_calls_need_prompt_tools(tmp_path: Path) -> None:

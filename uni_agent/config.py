@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import re
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -29,6 +28,9 @@ TOOL_NAMES = tuple(TOOLS.names())  # the default tool list: every built-in tool,
 LOOP_TARGET = "uni_agent.episode.agent_loop.UniAgentLoop"
 # The seed's spelling of the loop, in users' YAML files: the same class (uni_agent/agent_loop.py re-exports it).
 TARGET_ALIASES = {"uni_agent.agent_loop.UniAgentLoop": LOOP_TARGET}
+# The agent config a run uses when none is named (RunSettings.agent_config_path): shipped inside the package, so an
+# install from a wheel has it; examples/agent_interaction/agent_config_local.yaml is a link to it.
+DEFAULT_AGENT_CONFIG = Path(__file__).resolve().parent / "defaults" / "agent_config.yaml"
 
 
 class ConfigError(ValueError):
@@ -37,33 +39,6 @@ class ConfigError(ValueError):
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# Old spellings of agent config keys, by section: still read, with a FutureWarning naming where they were written.
-RENAMED = {"interaction": {"tool_parser": "tool_call_parser"}}
-
-
-def current_names(data: Any, section: str, where: str) -> Any:
-    """`data` (a section's mapping) with its old key names replaced by the current ones, each with a warning."""
-    renamed = RENAMED.get(section, {})
-    if not isinstance(data, dict) or not renamed.keys() & data.keys():
-        return data
-    data = dict(data)
-    for old, new in renamed.items():
-        if old in data:
-            if new in data:
-                raise ConfigError(f"{where}: {old} is the old name of {new}; give only {new}")
-            data[new] = data.pop(old)
-            warnings.warn(f"{where}: {old} is the old name of {new}: use {new}", FutureWarning, stacklevel=2)
-    return data
-
-
-def with_current_names(entry: dict[str, Any], where: str) -> dict[str, Any]:
-    """An agent entry (or a row's tools_kwargs) with every section's old key names replaced (see RENAMED)."""
-    if not isinstance(entry, dict):
-        return entry
-    return {key: current_names(value, key, f"{where}: {key}") if key in RENAMED else value
-            for key, value in entry.items()}
 
 
 class DeploymentBase(StrictModel):
@@ -262,6 +237,9 @@ class InteractionConfig(StrictModel):
     action_timeout: float = 60
     """Seconds a single tool command may run before it is killed."""
     max_turns: int = Field(default=50, ge=1)
+    """Model calls an episode may make without a submit (then it ends as `max_turns`). 50 is for agent YAMLs that
+    leave it out; the shipped agent (DEFAULT_AGENT_CONFIG, what a run uses by default) sets its own, and the run
+    setting max_turns (--max-turns) overrides every agent for one run."""
     timeout_budget: int = Field(default=3, ge=0)
     """How many command timeouts a rollout may take; one more ends it with exit reason `command_timeouts`."""
     episode_timeout: float | None = None
@@ -270,18 +248,13 @@ class InteractionConfig(StrictModel):
     tool_call_parser: str = "hermes"
     """Format used to read tool calls written as text (structured `tool_calls` are always accepted): a name in
     uni_agent.tool_calls.registry (qwen3_coder, hermes), the values of vLLM's `--tool-call-parser` (the run setting
-    tool_call_parser tells a vLLM server the same). `tool_parser`, its old name, still works with a warning."""
+    tool_call_parser tells a vLLM server the same)."""
     tools_in: Literal["api", "prompt"] = "api"
     """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
     template ignores tools)."""
     constrain_tool_calls: bool = False
     """With tools_in=prompt: ask the server to constrain every reply to one valid JSON tool call
     (`response_format` with a JSON schema, as llama.cpp's server supports). Small models need it."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _current_names(cls, data: Any) -> Any:
-        return current_names(data, "interaction", "interaction")
 
     @field_validator("tool_call_parser")
     @classmethod
@@ -409,7 +382,7 @@ class AgentConfigs:
     (run settings that reach every agent) are merged last: YAML entry < row's tools_kwargs < overrides."""
 
     def __init__(self, raw: dict[str, dict[str, Any]], source: str, overrides: dict[str, Any] | None = None):
-        self.raw = {name: with_current_names(entry, f"{source} (agent {name!r})") for name, entry in raw.items()}
+        self.raw = raw
         self.source = source
         self.overrides = overrides or {}
         self.validated = {name: validate_agent(entry, f"{source} (agent {name!r})")
@@ -453,8 +426,7 @@ class AgentConfigs:
             return self.validated[agent_name]
         if "model" in tools_kwargs:
             raise ConfigError(f"{where}: tools_kwargs.model is reserved (the model comes from the run settings)")
-        row = with_current_names(tools_kwargs, f"{where}: tools_kwargs")
-        return validate_agent(deep_merge(deep_merge(self.raw[agent_name], row), self.overrides), where)
+        return validate_agent(deep_merge(deep_merge(self.raw[agent_name], tools_kwargs), self.overrides), where)
 
     def override_all(self, overrides: dict[str, Any]) -> AgentConfigs:
         """A copy with `overrides` merged into every agent after each row's tools_kwargs (run settings such as

