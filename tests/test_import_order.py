@@ -92,7 +92,8 @@ LAYERS = [
     ("episode", ["uni_agent.episode", "uni_agent.agent_loop", "uni_agent.harness"]),
     ("dashboard", ["uni_agent.dashboard"]),
     ("driver", ["uni_agent.driver", "uni_agent.online", "uni_agent.training"]),
-    ("entry points", [ROOT, "uni_agent.cli", "uni_agent.scheduler_preload", "uni_agent.worker_preload",
+    ("entry points", [ROOT, "uni_agent.cli", "uni_agent.settings_reference", "uni_agent.scheduler_preload",
+                      "uni_agent.worker_preload",
                       "uni_agent.reports", "uni_agent.bench", "uni_agent.swebench.predictions", "uni_agent.testing"]),
 ]
 
