@@ -248,3 +248,86 @@ def _connect(port: int) -> str:
         return "connected"
     except OSError as exc:
         return f"refused: {exc}"
+
+
+def test_a_scheduler_started_apart_makes_the_token_the_driver_prints_it(tmp_path, capsys):
+    """`dask scheduler --preload uni_agent.scheduler_preload` (the SLURM recipes' scheduler): the preload guards the
+    pages from the scheduler's start and writes the token to ~/.config/uni-agent/dashboard/<host>-<port>.token, the
+    user's alone; a driver that connects fetches it over the TLS comm and prints it in the links; the file goes with
+    the scheduler."""
+    from uni_agent.driver.cluster import cluster_client
+    from uni_agent.driver.tls import write_credentials
+    from uni_agent.settings import load_settings
+
+    tls, home, scheduler_file = tmp_path / "tls", tmp_path / "home", tmp_path / "scheduler.json"
+    write_credentials(tls)
+    home.mkdir(mode=0o700)
+    log = (tmp_path / "scheduler.log").open("wb")
+    scheduler = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", "127.0.0.1:0", "--protocol", "tls", "--tls-ca-file", str(tls / "ca.pem"),
+         "--tls-cert", str(tls / "cert.pem"), "--tls-key", str(tls / "key.pem"), "--scheduler-file",
+         str(scheduler_file), "--preload", "uni_agent.scheduler_preload"],
+        env={**os.environ, "HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while not scheduler_file.exists():
+            assert scheduler.poll() is None and time.monotonic() < deadline, (tmp_path / "scheduler.log").read_text()
+            time.sleep(0.2)
+        port = json.loads(scheduler_file.read_text())["services"]["dashboard"]
+        token_file = home / ".config" / "uni-agent" / "dashboard" / f"{os.uname().nodename}-{port}.token"
+        written = token_file.read_text() if token_file.exists() else "no token file"
+        mode = stat.S_IMODE(token_file.stat().st_mode) if token_file.exists() else None
+        refused = {path: _ask(port, path)[0] for path in ("/uni-agent", "/status", "/metrics", "/sitemap.json")}
+        scraped = _ask(port, "/metrics", {"Authorization": f"Bearer {written}"})
+
+        async def driver():
+            settings = load_settings(scheduler_file=str(scheduler_file), tls_dir=str(tls), worker_wait_timeout=0.1)
+            async with cluster_client(settings):
+                pass
+
+        asyncio.run(driver())
+    finally:
+        scheduler.terminate()
+        scheduler.wait(60)
+        log.close()
+
+    assert refused == dict.fromkeys(refused, 403), refused
+    assert mode == 0o600 and scraped[0] == 200 and "dask_scheduler_workers" in scraped[1], (mode, scraped[:1])
+    err = capsys.readouterr().err
+    assert f"dask dashboard: http://127.0.0.1:{port}/status?token={written}\n" in err, err
+    assert f"uni-agent page: http://127.0.0.1:{port}/uni-agent?token={written}\n" in err, err
+    assert not token_file.exists()  # removed when the scheduler closed
+    assert "Traceback" not in (tmp_path / "scheduler.log").read_text()  # /sitemap.json asked without the token
+
+
+def test_refused_connections_reach_the_run_log_not_the_console_and_cannot_fill_it(tmp_path, capsys):
+    """What Dask's TLS listener logs for each refused connection goes to the run's log, at most REFUSED_PER_MINUTE
+    lines a minute (the rest counted in the next line written), never to the console; its other messages are left
+    alone. Dask's own logger and console handler, as a run's processes have them."""
+    import logging
+
+    import structlog
+
+    from uni_agent import logs
+
+    tcp = logging.getLogger("distributed.comm.tcp")
+    console = logging.StreamHandler(sys.stderr)
+    tcp.addHandler(console)
+    saved, saved_structlog = logs._configured, structlog.get_config()  # this process's, for the tests after this one
+    try:
+        logs.configure_logging(tmp_path, "driver")
+        for i in range(3 * logs.REFUSED_PER_MINUTE):
+            tcp.warning("Listener on %r: TLS handshake failed with remote %r: %s", "tls://127.0.0.1:1",
+                        f"tls://127.0.0.1:{40000 + i}", "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+        tcp.warning("Closing dangling stream in %s", "a real problem of the user's own")
+    finally:
+        tcp.removeHandler(console)
+        logs._configured = saved
+        structlog.configure(**saved_structlog)
+    err = capsys.readouterr().err
+    assert "handshake" not in err and "a real problem of the user's own" in err, err
+    refused = [json.loads(line) for line in (tmp_path / f"driver-{os.getpid()}.jsonl").read_text().splitlines()
+               if '"connection_refused"' in line]
+    assert len(refused) == logs.REFUSED_PER_MINUTE, len(refused)
+    assert "tls://127.0.0.1:40000" in refused[0]["detail"] and refused[-1]["refused_so_far"] == logs.REFUSED_PER_MINUTE
