@@ -9,7 +9,7 @@ import math
 from uni_agent.bench.endpoint import MINI_SUBMIT, BenchPolicy
 from uni_agent.bench.main import BenchOptions, run_bench
 from uni_agent.bench.cpu_split import ROLES, split_line
-from uni_agent.bench.measure import fds_needed, ideal_makespan
+from uni_agent.bench.measure import FDS_PER_ROLLOUT_SIMULATED, fds_needed, fewest_processes, ideal_makespan
 
 
 def test_endpoint_policy_speaks_both_agents_formats():
@@ -35,6 +35,17 @@ def test_open_files_needed_count_the_busiest_process():
     assert fds_needed(20000, 10, 4) == 8 * 2000 + 1024 == 17024
     assert fds_needed(20000, 10, 1) == 2 * 20000 + 1024  # one endpoint process holds every connection
     assert fds_needed(1000, 1) == 8 * 1000 + 1024
+    assert fds_needed(20000, 10, 4, FDS_PER_ROLLOUT_SIMULATED) == 2 * 5000 + 1024  # the endpoints hold the most
+
+
+def test_the_fewest_processes_that_fit_a_hard_limit():
+    # Issue 40: 100,000 in flight on a machine whose hard limit is 20,000 (ran with 48 workers and 12 endpoints).
+    workers, endpoints = fewest_processes(100_000, 20_000)
+    assert (workers, endpoints) == (43, 11)
+    assert fds_needed(100_000, workers, endpoints) <= 20_000 < fds_needed(100_000, workers - 1, endpoints)
+    assert fds_needed(100_000, workers, endpoints - 1) > 20_000
+    simulated = fewest_processes(100_000, 20_000, FDS_PER_ROLLOUT_SIMULATED)
+    assert simulated == (11, 11) and fds_needed(100_000, *simulated, FDS_PER_ROLLOUT_SIMULATED) <= 20_000
 
 
 # Each command burns 0.1 s of CPU in its sandbox: the sandbox column must hold at least that (issue 40: it read 0.00
@@ -70,6 +81,9 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     assert 0 < row["lead_in_s"] and 0 <= row["tail_s"] and row["lead_in_s"] + row["tail_s"] < row["makespan_s"] - 0.6
     assert "lead-in/tail s" in text
     assert not math.isnan(row["peak_mib_per_rollout"]) and row["peak_mib_per_rollout"] >= 0
+    # a worker holds its libraries, Dask's sockets and its rollouts' files: within the estimate, which sized the limit
+    assert 10 < row["peak_fds_worker"] <= fds_needed(4, 1)
+    assert any(line.startswith("open files: ") for line in lines) and "open files at peak: busiest worker" in text
     assert report["endpoint"]["requests"] == 8 * 3
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["ok"] == 8
     # Every target has a line: measured ones MET or NOT MET, the rest say they were not run.

@@ -21,7 +21,7 @@ from typing import Any
 from .cpu_split import breakdown_line, split_line
 from .endpoint import EndpointProcess
 from .lifetime import stop_on_signals
-from .measure import cpus_line, ensure_limits, load_average
+from .measure import FDS_PER_ROLLOUT_SANDBOX, cpus_line, ensure_limits, load_average, open_files_line
 from .out_dir import prepare_out_dir
 from .sweep_report import comparison_lines, show_errors, table_head, table_line, target_lines
 
@@ -67,6 +67,7 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("UNI_AGENT_SANDBOX_ROOT", str(out / "sandboxes"))  # inherited by the worker processes
     notes = ensure_limits(max(options.concurrency), min(options.workers))
+    notes.append(open_files_line(max(options.concurrency), min(options.workers), 1, FDS_PER_ROLLOUT_SANDBOX))
     peer_missing = peer_available() if options.peer else "--no-peer"
     header = _header(options, peer_missing)
     for line in header + notes:
@@ -87,6 +88,8 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
                 echo(table_line(row))
                 echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
                 echo("    " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
+                echo(f"    open files at peak: busiest worker {row['peak_fds_worker']} "
+                     f"({row['peak_fds_worker'] / row['rollouts_per_worker']:.2f} per rollout in flight)")
                 show_errors(row, echo)
             if peer_missing is None and concurrency <= options.peer_max_concurrency:
                 try:

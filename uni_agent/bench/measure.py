@@ -46,17 +46,27 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def open_files(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
 class PeakMemory:
     """Samples the summed RSS of some processes every `interval` seconds in a thread; `peak - baseline` is what the
-    run added. Sampling /proc/<pid>/statm costs microseconds (it is counted in the driver's CPU)."""
+    run added. Sampling /proc/<pid>/statm costs microseconds (it is counted in the driver's CPU). Also the most open
+    files any one of them held (`peak_fds`), what the open-file estimate must cover."""
 
     def __init__(self, pids: list[int], interval: float = 0.5):
         self.pids, self.interval = list(pids), interval
+        self.peak_fds = 0
         self.baseline = self.peak = self._sample()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-peak-memory")
 
     def _sample(self) -> int:
+        self.peak_fds = max([self.peak_fds, *(open_files(p) for p in self.pids)])
         return sum(rss_bytes(p) for p in self.pids)
 
     def _loop(self) -> None:
@@ -77,29 +87,62 @@ class PeakMemory:
         return max(0, self.peak - self.baseline)
 
 
-def fds_needed(concurrency: int, workers: int, endpoint_processes: int = 1) -> int:
-    """Open files the busiest process of a sweep point needs (the soft limit is per process, and children inherit
-    it). An agent-worker process holds, per in-flight rollout it runs, an HTTP connection, a command's two pipes and
-    its pidfd, and the sandbox's files while they are written: 8 each. An endpoint process holds one socket per
-    rollout it serves (2 with margin: the kernel spreads connections over the processes unevenly). Plus 1,024 each
-    for Dask's own files and libraries. E.g. 20,000 in flight on 10 workers and 4 endpoint processes: 17,024."""
+# Open files per rollout in flight, in the process that holds it (the soft limit is per process; children inherit
+# it). Agent worker with real sandboxes: an HTTP connection, the sandbox's streams to its supervisor, a command's
+# pipes and pidfd, files being written: 8 (an upper bound kept from before the pod). Agent worker with the
+# simulation's memory stand-in: its HTTP connection, 1.02 measured at 200 and 1,000 a worker (2: margin).
+# Endpoint process: one socket per connection it serves, 1.03 measured (2: the kernel spreads connections over the
+# processes unevenly). Each process also holds its libraries, Dask's sockets and logs: 1,024 (measured 25).
+FDS_PER_ROLLOUT_SANDBOX, FDS_PER_ROLLOUT_SIMULATED, FDS_PER_CONNECTION, FDS_BASE = 8, 2, 2, 1024
+
+
+def fds_needed(concurrency: int, workers: int, endpoint_processes: int = 1,
+               per_rollout: int = FDS_PER_ROLLOUT_SANDBOX) -> int:
+    """Open files the busiest process of a sweep point needs: a worker's share of the rollouts, or an endpoint
+    process's share of the connections. E.g. 20,000 in flight on 10 workers and 4 endpoint processes: 17,024 with
+    real sandboxes, 11,024 simulated."""
     per_worker = -(-concurrency // max(1, workers))
     per_endpoint = -(-concurrency // max(1, endpoint_processes))
-    return max(8 * per_worker, 2 * per_endpoint) + 1024
+    return max(per_rollout * per_worker, FDS_PER_CONNECTION * per_endpoint) + FDS_BASE
 
 
-def ensure_limits(concurrency: int, workers: int, endpoint_processes: int = 1) -> list[str]:
+def fewest_processes(concurrency: int, limit: int, per_rollout: int = FDS_PER_ROLLOUT_SANDBOX) -> tuple[int, int]:
+    """The fewest worker and endpoint processes whose busiest one fits under `limit` open files (the shape to ask
+    for when the hard limit cannot be raised). E.g. 100,000 in flight under 20,000: 43 workers and 11 endpoint
+    processes with real sandboxes, 11 and 11 simulated."""
+    room = max(1, limit - FDS_BASE)
+    rollouts_per_worker, connections_per_endpoint = max(1, room // per_rollout), max(1, room // FDS_PER_CONNECTION)
+    return -(-concurrency // rollouts_per_worker), -(-concurrency // connections_per_endpoint)
+
+
+def open_files_line(concurrency: int, workers: int, endpoint_processes: int, per_rollout: int) -> str:
+    """What the estimate says for this shape, against the hard limit, and the fewest processes that fit under it."""
+    need = fds_needed(concurrency, workers, endpoint_processes, per_rollout)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return f"open files: {need:,} per process at the busiest (no hard limit)"
+    fit_workers, fit_endpoints = fewest_processes(concurrency, hard, per_rollout)
+    return (f"open files: {need:,} per process at the busiest ({per_rollout} per rollout in flight in a worker, "
+            f"{FDS_PER_CONNECTION} per connection in an endpoint process, + {FDS_BASE:,}); hard limit {hard:,}; "
+            f"{concurrency:,} in flight fit under it with at least {fit_workers} worker and {fit_endpoints} endpoint "
+            "processes")
+
+
+def ensure_limits(concurrency: int, workers: int, endpoint_processes: int = 1,
+                  per_rollout: int = FDS_PER_ROLLOUT_SANDBOX) -> list[str]:
     """Raise the soft open-file limit to what the sweep needs (children inherit it); fail early, saying what to do,
     when the hard limit is too low. Returns notes on what was changed."""
     notes = []
-    need = fds_needed(concurrency, workers, endpoint_processes)
+    need = fds_needed(concurrency, workers, endpoint_processes, per_rollout)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
-            raise SystemExit(f"uni-agent bench: concurrency {concurrency} needs about {need} open files per process, "
-                             f"but the hard limit (ulimit -Hn) is {hard}: raise it (limits.conf / systemd LimitNOFILE),"
-                             " spread the rollouts over more worker (and endpoint) processes, or lower the rollouts "
-                             "in flight")
+            fit_workers, fit_endpoints = fewest_processes(concurrency, hard, per_rollout)
+            raise SystemExit(f"uni-agent bench: {concurrency:,} in flight on {workers} worker and {endpoint_processes} "
+                             f"endpoint process(es) needs about {need:,} open files in the busiest process, but the "
+                             f"hard limit (ulimit -Hn) is {hard:,}: ask for at least {fit_workers} workers "
+                             f"(--workers) and {fit_endpoints} endpoint processes (--endpoint-processes), raise the "
+                             "limit (limits.conf / systemd LimitNOFILE), or lower the rollouts in flight")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
         notes.append(f"raised the open-file soft limit from {soft} to {need}")
     if os.geteuid() != 0:  # root is not bound by RLIMIT_NPROC

@@ -77,6 +77,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         machine_before = machine_cpu_seconds()
         log = io.StringIO()
         with _profiles(pids, profile_dir, f"ours-w{workers}-c{concurrency}"), PeakMemory(pids) as memory, \
+                PeakMemory(worker_pids) as worker_files, \
                 CpuSplit(os.getpid(), scheduler_tids, worker_pids, endpoint_pids or []) as split, \
                 contextlib.redirect_stderr(log):
             started, wall_started = time.monotonic(), time.time()
@@ -118,6 +119,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "cpu_else_s": split.breakdown(),
         "sandbox_start_p50_ms": percentile(starts, 0.5) * 1000, "sandbox_start_p95_ms": percentile(starts, 0.95) * 1000,
         "peak_mib_per_rollout": memory.added / 2**20 / concurrency,
+        "peak_fds_worker": worker_files.peak_fds, "rollouts_per_worker": -(-concurrency // workers),
         "load": max(load_before, load_average()),
         "errors": sorted({str(e)[:200] for e in failures["error"].dropna()})[:3],
         "log_tail": log.getvalue()[-2000:] if len(failures) else "",

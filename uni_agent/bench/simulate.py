@@ -31,7 +31,8 @@ from typing import Any
 
 from .endpoint_pool import EndpointPool
 from .lifetime import die_with_bench
-from .measure import cpus_line, ensure_limits, load_average, record_counts
+from .measure import (FDS_PER_ROLLOUT_SIMULATED, cpus_line, ensure_limits, load_average, open_files_line,
+                      record_counts)
 from .out_dir import refuse_earlier_results
 from .simulate_processes import ProcessCluster, Sampler, page_probe, stop_session
 from .simulate_report import check_line, growth_lines, table_head, table_line
@@ -263,7 +264,9 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     out = (options.out_dir or Path(tempfile.mkdtemp(prefix="uni-agent-sim-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Per process: a worker holds a connection per rollout it runs, an endpoint process one per rollout it serves.
-    notes = ensure_limits(max(options.in_flight), options.workers, options.endpoint_processes)
+    notes = ensure_limits(max(options.in_flight), options.workers, options.endpoint_processes, FDS_PER_ROLLOUT_SIMULATED)
+    notes.append(open_files_line(max(options.in_flight), options.workers, options.endpoint_processes,
+                                 FDS_PER_ROLLOUT_SIMULATED))
     echo(f"uni-agent bench --simulate: {cpus_line()}, Python {sys.version.split()[0]}, load average "
          f"{load_average():.2f} at start")
     echo(f"method: rollouts = {options.waves} x in-flight, each {options.turns} x execute_bash (the memory stand-in: "
