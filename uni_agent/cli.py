@@ -61,7 +61,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--token-capture", {"choices": ["auto", "off", "llama_server", "vllm"],
                          "help": "keep each call's token ids and logprobs (auto: by engine; external: off)"}),
 ]
-SWITCHES = {"verify": "--no-verify", "progress": "--no-progress", "retry_errors": "--retry-errors"}
+SWITCHES = {"verify": "--no-verify", "progress": "--no-progress", "retry_errors": "--retry-errors",
+            "share_with_group": "--share-with-group", "dashboard": "--no-dashboard"}
 TYPED = "typed_flags"  # the namespace's record of which spelling of an aliased flag was given
 
 
@@ -92,6 +93,10 @@ def add_run_flags(parser: argparse.ArgumentParser, verify: bool = False) -> None
         parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
         parser.add_argument("--retry-errors", dest="retry_errors", action="store_const", const=True, default=None,
                             help="resuming: run again the rollouts whose failure_kind is infra (their rows replaced)")
+    parser.add_argument("--share-with-group", dest="share_with_group", action="store_const", const=True, default=None,
+                        help="outputs readable by your group (0750/0640); default: private to you (0700/0600)")
+    parser.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=False, default=None,
+                        help="the run's LocalCluster serves no dashboard and no uni-agent page")
 
 
 def flag_names() -> dict[str, str]:
