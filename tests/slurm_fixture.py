@@ -2,9 +2,11 @@
 under one temporary directory, ports chosen free. slurm-wlm and munge are installed with apt-get when missing
 (root, as on CI). Every job is cancelled and every daemon stopped on the way out.
 
-The node declares 8 CPUs and 2 GPUs whatever the machine has (SlurmdParameters=config_overrides), so a scheduler
-job and two worker groups fit on a 2-core machine. There are no GPUs here: the `gpu` GRES points at two character
-devices made for the test (no GPU behind them); Slurm still allocates them and sets CUDA_VISIBLE_DEVICES.
+The node declares 8 CPUs, 16000 MB and 2 GPUs whatever the machine has (SlurmdParameters=config_overrides), so a
+scheduler job and two worker groups fit on a 2-core machine. There are no GPUs here: the `gpu` GRES points at two
+character devices made for the test (no GPU behind them); Slurm still allocates them and sets CUDA_VISIBLE_DEVICES.
+Ordinary users can submit too: the config and munged's socket are reachable by everyone (as under /etc/slurm and
+/run/munge), the munge key is root's alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,11 +43,13 @@ def ensure_installed() -> None:
 
 
 class LocalSlurm:
-    def __init__(self, root: Path):
-        self.root = root
-        self.conf = root / "slurm.conf"
+    def __init__(self, root: Path | None = None):
+        # Not under pytest's 0700 temp root: users' sbatch must reach the config and munged's socket.
+        self.root = root or Path(tempfile.mkdtemp(prefix="uni-agent-slurm-"))
+        self.root.chmod(0o755)
+        self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.pid_files = [root / "munge" / "munged.pid", root / "slurmctld.pid", root / "slurmd.pid"]
+        self.pid_files = [self.root / "munge" / "munged.pid", self.root / "slurmctld.pid", self.root / "slurmd.pid"]
 
     def run(self, *command: str, check: bool = True, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(list(command), env=kwargs.pop("env", self.env), capture_output=True, text=True,
@@ -53,10 +58,11 @@ class LocalSlurm:
     def start(self) -> None:
         ensure_installed()
         root = self.root
-        for sub in ("munge", "spool/ctld", "spool/d", "log"):
+        for sub in ("munge", "munge-key", "spool/ctld", "spool/d", "log"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        (root / "munge").chmod(0o700)
-        key = root / "munge" / "munge.key"
+        (root / "munge").chmod(0o755)  # its socket: every user's sbatch asks munged for a credential
+        (root / "munge-key").chmod(0o700)
+        key = root / "munge-key" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         # Slurm drops GPUs without device files; character devices with /dev/null's numbers stand in for them, so
@@ -99,13 +105,15 @@ KillWait=5
 GresTypes=gpu
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=16000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PartitionName=short Nodes=localhost MaxTime=00:30:00 State=UP
 """)
+        self.conf.chmod(0o644)
         self.run(str(SBIN / "munged"), "-f", f"--socket={root}/munge/munge.socket.2", f"--key-file={key}",
                  f"--log-file={root}/log/munged.log", f"--pid-file={root}/munge/munged.pid",
-                 f"--seed-file={root}/munge/munged.seed")
+                 f"--seed-file={root}/munge-key/munged.seed")
         self.run(str(SBIN / "slurmctld"), "-f", str(self.conf))
         self.run(str(SBIN / "slurmd"), "-f", str(self.conf), "-N", "localhost")
-        self.wait_for(lambda: self.run("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle", 60,
+        self.wait_for(lambda: set(self.run("sinfo", "-h", "-o", "%t", check=False).stdout.split()) == {"idle"}, 60,
                       "the SLURM node to become idle")
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
@@ -120,7 +128,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         return [line for line in out.splitlines() if line.strip()]
 
     def cancel_all_and_wait(self, timeout: float = 60) -> None:
-        self.run("scancel", "--full", "--partition", "debug", check=False)
+        for partition in ("debug", "short"):
+            self.run("scancel", "--full", "--partition", partition, check=False)
         self.wait_for(lambda: not self.jobs(), timeout, "every job to leave the queue")
 
     def logs(self) -> str:
@@ -136,6 +145,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                     continue
                 pid = int(pid_file.read_text().split()[0])
                 _terminate(pid)
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _terminate(pid: int, timeout: float = 15) -> None:
