@@ -2,6 +2,10 @@
 Playwright) against a live run on a fresh real LocalCluster, with a ScriptedLLM that answers slowly enough for the
 page to watch rollouts start, run and finish.
 
+The pages need the scheduler's token (uni_agent.dashboard.guard): the browser opens the printed link once, and its
+cookie then carries the page, its JSON, /metrics and Dask's bokeh /status page with its websocket; a browser without
+it gets 403 everywhere.
+
 The run: 3 bundled tasks x 2 rollouts, 2 at a time. Two tasks are solved (the gold patch, then submit: reward 1);
 the third task's endpoint answers HTTP 403, so its rollouts fail with an LLMError.
 """
@@ -22,6 +26,7 @@ from conftest import AGENT_CONFIG
 from test_dashboard_state import metric_deltas, metric_values
 from uni_agent import AgentConfigs, run
 from uni_agent.cli import main as cli_main
+from uni_agent.dashboard import page_token
 from uni_agent.driver.dataset import read_rows
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
@@ -142,16 +147,20 @@ def _int(page, selector):
     return int(page.locator(selector).inner_text())
 
 
-def test_live_page_follows_a_run_and_the_report_shows_it(browser, fresh_cluster, rows, tmp_path):
+def test_live_page_follows_a_run_and_the_report_shows_it(browser, fresh_cluster, rows, tmp_path, capfd):
     client = fresh_cluster
     base = client.dashboard_link.rsplit("/", 1)[0]
+    token = client.run_on_scheduler(page_token)  # guards the pages now; the run prints this token in its links
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(DEADLINE_MS)
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    stranger = browser.new_context()  # another browser: no cookie, no token
 
-    # Before the run, the scheduler has no uni-agent page.
-    page.goto(base + "/health")
+    # Before the run, the scheduler has no uni-agent page. The first visit with the token leaves the cookie and
+    # lands on the address without it.
+    page.goto(f"{base}/health?token={token}")
+    assert page.url == base + "/health" and page.inner_text("body").strip() == "ok"
     assert page.request.get(base + "/uni-agent").status == 404
     metrics_before = metric_values(page.request.get(base + "/metrics").text())
 
@@ -182,6 +191,12 @@ def test_live_page_follows_a_run_and_the_report_shows_it(browser, fresh_cluster,
             "() => +document.getElementById('count-done').textContent"
             " + +document.getElementById('count-failed').textContent === 6", polling=100)
         outcome = live.finish()
+        # A browser without the token sees none of it, not even with the run's address.
+        refused = {path: stranger.request.get(base + path).status for path in (
+            "/uni-agent", f"/uni-agent/api/state.json?run={run_id}", "/metrics", "/status", "/json/identity.json")}
+        assert set(refused.values()) == {403}, refused
+        stranger.close()
+    assert f"uni-agent page: {base}/uni-agent?token={token}\n" in capfd.readouterr().err  # the link the run printed
 
     # The page's numbers are the run's numbers.
     results = pd.read_parquet(tmp_path / "out" / "results")
@@ -225,6 +240,14 @@ def test_live_page_follows_a_run_and_the_report_shows_it(browser, fresh_cluster,
     metrics_after = metric_values(page.request.get(base + "/metrics").text())
     assert metric_deltas(metrics_before, metrics_after, expected) == expected
     assert errors == [], errors
+
+    # Dask's own /status page works with the cookie: bokeh's document arrives over its websocket.
+    status = browser.new_page()
+    status.goto(f"{base}/status?token={token}")
+    status.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0"
+                             " && Bokeh.documents[0].roots().length > 0", timeout=DEADLINE_MS)
+    assert status.url == base + "/status"
+    status.close()
 
     # The report, opened the same way.
     assert cli_main(["report", str(tmp_path / "out")]) == 0
@@ -274,9 +297,11 @@ def test_detail_view_keeps_the_complete_messages_of_a_clipped_trajectory(browser
                                     "messages": text, "verification": "{}"})):
         client.log_event(TOPIC, rollout_event(run_id, "big__task-1", 0, state, **fields))
     base = client.dashboard_link.rsplit("/", 1)[0]
+    token = client.run_on_scheduler(page_token)
     page = browser.new_page()
     page.set_default_timeout(DEADLINE_MS)
-    page.goto(f"{base}/uni-agent?run={run_id}&poll=200#/rollout/{run_id}/big__task-1/0")
+    page.goto(f"{base}/uni-agent?token={token}&run={run_id}&poll=200#/rollout/{run_id}/big__task-1/0")
+    assert page.url == f"{base}/uni-agent?run={run_id}&poll=200#/rollout/{run_id}/big__task-1/0"  # token gone
     expect(page.locator("#run-id")).to_have_text(run_id)
     expect(page.locator("#clipped-note")).to_contain_text("clipped")
     shown = page.locator("#messages .msg").count()
