@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     from uni_agent import AgentConfigs, run
+    from uni_agent.dashboard import page_token
     from uni_agent.driver.dataset import read_rows
     from uni_agent.reports.run_report import write_report
     from uni_agent.tasks.swe_form import convert
@@ -106,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         thread = threading.Thread(target=job, daemon=True)
         thread.start()
         base = client.dashboard_link.rsplit("/", 1)[0]
+        token = client.run_on_scheduler(page_token)  # the pages need it: the run prints it in its links
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1050})
             page.set_default_timeout(180_000)
-            page.goto(base + "/health")
+            page.goto(f"{base}/health?token={token}")  # leaves the cookie the page's requests carry
             page.evaluate("""async (url) => { for (let i = 0; i < 1800; i++) {
                 try { if ((await fetch(url)).ok) return; } catch (e) {}
                 await new Promise(r => setTimeout(r, 100)); } throw new Error("no page at " + url); }""",
