@@ -248,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache_parser = sub.add_parser("cache", help="the uni-agent cache: `uni-agent cache size`, `uni-agent cache prune`")
     add_cache_arguments(cache_parser)
     cache_parser.set_defaults(func=cmd_cache)
+    from .envs.command import add_arguments as add_envs_arguments
+
+    envs_parser = sub.add_parser("envs", help="SWE-bench task environments built here from the official specs: "
+                                              "`uni-agent envs build DATA.parquet`")
+    add_envs_arguments(envs_parser)
     return parser
 
 

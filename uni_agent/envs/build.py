@@ -1,0 +1,224 @@
+"""Making an environment and a row's repository, cached per user under <cache>/swebench-envs/:
+
+    envs/<repo>-<version>-<hash>/miniconda3/   mounted at /opt/miniconda3 (bin/activate, envs/testbed: the venv)
+    envs/<...>/env.json                         what it was built from, how long it took, its size
+    pythons/<name>/                             the interpreter, hard-linked (else copied) from where it was found,
+                                                mounted at that path: a cache another user can be given read-only
+    repos/<instance_id>-<hash>/                 the row's repository: base_commit, pre_install and install run over it
+    git/<owner>+<name>.git                      bare clones, when no mirror directory is given (needs the network)
+
+Everything is built in a temp dir and renamed into place, so an interrupted build is made again and a finished one
+is never half there. Build logs stay next to what they built (build.log, prepare.log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..config import ConfigError
+from ..sandbox.userns import remove_tree
+from .interpreters import Interpreter, find_python
+from .isolation import StepDirs, step_argv, write_shim
+from .plan import CONDA_ROOT, EnvPlan, InstancePlan, requirements_text
+
+CACHE_SUBDIR = "swebench-envs"
+LOG_TAIL_CHARS = 3000
+GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the step, its log and the log's tail."""
+
+
+@dataclass
+class Built:
+    """An environment or a repository, ready: where, what it mounts, what it cost."""
+
+    name: str
+    path: str
+    seconds: float
+    disk_bytes: int
+    cached: bool
+    mounts: dict[str, str]
+
+
+def envs_root() -> Path:
+    from ..private_dirs import private_cache_dir
+
+    return private_cache_dir() / CACHE_SUBDIR
+
+
+class GitSource:
+    """Commits of a repository: from a mirror directory (<dir>/<owner>+<name>/repo, <dir>/<owner>+<name>, or
+    <dir>/<owner>__<name>, bare or not), else from a bare clone of GitHub's kept in the cache."""
+
+    def __init__(self, root: Path, mirror_dir: Path | None = None):
+        self.root, self.mirror_dir = root, mirror_dir
+
+    def git_dir(self, repo: str) -> Path:
+        owner, name = repo.split("/")
+        if self.mirror_dir is not None:
+            for candidate in (f"{owner}+{name}/repo", f"{owner}+{name}", f"{owner}__{name}"):
+                path = self.mirror_dir / candidate
+                if (path / "objects").is_dir() or (path / ".git").exists():
+                    return path
+            raise ConfigError(f"no mirror of {repo} under {self.mirror_dir} (looked for {owner}+{name}/repo, "
+                              f"{owner}+{name}, {owner}__{name})")
+        clone = self.root / "git" / f"{owner}+{name}.git"
+        if not clone.is_dir():
+            clone.parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(tempfile.mkdtemp(prefix=f".{clone.name}-", dir=clone.parent))
+            _git(["clone", "--bare", "--quiet", f"https://github.com/{repo}", str(partial)], f"cloning {repo}")
+            os.rename(partial, clone)
+        return clone
+
+    def checkout(self, repo: str, commit: str, dest: Path) -> None:
+        """`dest`: a new repository holding `commit` and its history only (nothing newer), HEAD detached there."""
+        source = self.git_dir(repo)
+        _git(["init", "--quiet", str(dest)], f"git init {dest}")
+        if self.mirror_dir is None and not _has_commit(source, commit):
+            _git(["--git-dir", str(source), "fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*"],
+                 f"updating the clone of {repo}")
+        _git(["-C", str(dest), "fetch", "--quiet", str(source), commit], f"fetching {repo}@{commit[:12]}")
+        _git(["-C", str(dest), "checkout", "--quiet", "--detach", "FETCH_HEAD"], f"checking out {commit[:12]}")
+
+    def read(self, repo: str, commit: str, path: str) -> str | None:
+        done = subprocess.run(["git", "--git-dir", str(self.git_dir(repo)), "show", f"{commit}:{path}"],
+                              capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+        return done.stdout if done.returncode == 0 else None
+
+
+def _has_commit(git_dir: Path, commit: str) -> bool:
+    return subprocess.run(["git", "--git-dir", str(git_dir), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True, env={**os.environ, **GIT_ENV}).returncode == 0
+
+
+def _git(args: list[str], what: str) -> None:
+    done = subprocess.run(["git", *args], capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+    if done.returncode != 0:
+        raise BuildError(f"{what} failed: {done.stderr.strip()[-LOG_TAIL_CHARS:]}")
+
+
+def interpreter_copy(root: Path, interpreter: Interpreter) -> str:
+    """The host directory mounted at the interpreter's prefix: a hard-linked copy in the cache (a plain copy across
+    file systems), so the environment does not depend on the original staying, and can be shared read-only."""
+    if not interpreter.needs_mount:
+        return interpreter.prefix
+    digest = hashlib.sha256(interpreter.prefix.encode()).hexdigest()[:8]
+    copy = root / "pythons" / f"{Path(interpreter.prefix).name}-{digest}"
+    if copy.is_dir():
+        return str(copy)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{copy.name}-", dir=copy.parent))
+    done = subprocess.run(["cp", "-al", f"{interpreter.prefix}/.", str(partial)], capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(partial)
+        partial.mkdir()
+        shutil.copytree(interpreter.prefix, partial, symlinks=True, dirs_exist_ok=True)
+    try:
+        os.rename(partial, copy)
+    except OSError:  # another build made it meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+    return str(copy)
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of the files under `path`, each inode counted once."""
+    seen, total = set(), 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            info = os.lstat(os.path.join(folder, name))
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
+    return total
+
+
+def run_step(argv: list[str], log: Path, what: str) -> None:
+    with log.open("w") as out:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        raise BuildError(f"{what} failed (exit {done.returncode}); whole log: {log}\n{tail}")
+
+
+def build_env(plan: EnvPlan, source: GitSource, root: Path | None = None) -> Built:
+    """The environment of `plan`, from the cache or made now."""
+    root = root or envs_root()
+    final = root / "envs" / plan.key
+    record = final / "env.json"
+    if record.is_file():
+        info = json.loads(record.read_text())
+        return Built(plan.label, str(final), info["seconds"], info["disk_bytes"], True, info["mounts"])
+    started = time.monotonic()
+    interpreter = find_python(plan.python)
+    interpreter_dir = interpreter_copy(root, interpreter)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{plan.key}-", dir=final.parent))
+    try:
+        write_shim(building / "miniconda3")
+        scratch = building / "scratch"
+        source.checkout(plan.repo, plan.setup_commit, scratch / "repo")
+        requirements = None
+        if plan.packages == "requirements.txt":
+            requirements = requirements_text(lambda path: source.read(plan.repo, plan.setup_commit, path),
+                                             plan.requirements_paths)
+        script = plan.build_script(requirements, interpreter.executable)
+        (building / "build.sh").write_text(script)
+        argv = step_argv(StepDirs(scratch / "repo", building / "miniconda3", scratch, root / "pip-cache"),
+                         interpreter, interpreter_dir, script, throwaway_env=False)
+        run_step(argv, building / "build.log", f"building the environment of {plan.label}")
+        remove_tree(scratch)
+        mounts = {CONDA_ROOT: str(final / "miniconda3")}
+        if interpreter.needs_mount:
+            mounts[interpreter.prefix] = interpreter_dir
+        seconds = time.monotonic() - started
+        record_of = {"plan": asdict(plan), "interpreter": asdict(interpreter), "seconds": round(seconds, 1),
+                     "disk_bytes": disk_usage(building / "miniconda3"), "mounts": mounts}
+        (building / "env.json").write_text(json.dumps(record_of, indent=1))
+        os.rename(building, final)
+    except BaseException:
+        remove_tree(building)
+        raise
+    return Built(plan.label, str(final), seconds, record_of["disk_bytes"], False, mounts)
+
+
+def prepare_repo(instance: InstancePlan, env: Built, source: GitSource, root: Path | None = None) -> Built:
+    """The row's repository at base_commit with the spec's pre_install and install run over it, in a build sandbox
+    where the environment is a throwaway overlay (what install writes into it is not kept; what it writes into the
+    repository, egg-info or a version file, is)."""
+    root = root or envs_root()
+    digest = hashlib.sha256(f"{instance.base_commit}:{instance.env.key}".encode()).hexdigest()[:10]
+    final = root / "repos" / f"{instance.instance_id}-{digest}"
+    record = final.with_name(final.name + ".json")
+    if record.is_file() and final.is_dir():
+        info = json.loads(record.read_text())
+        return Built(instance.instance_id, str(final), info["seconds"], info["disk_bytes"], True, env.mounts)
+    started = time.monotonic()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        source.checkout(instance.repo, instance.base_commit, building / "repo")
+        interpreter = Interpreter(**json.loads((Path(env.path) / "env.json").read_text())["interpreter"])
+        interpreter_dir = env.mounts.get(interpreter.prefix, interpreter.prefix)
+        dirs = StepDirs(building / "repo", Path(env.path) / "miniconda3", building / "scratch", root / "pip-cache")
+        argv = step_argv(dirs, interpreter, interpreter_dir, instance.prepare_script(), throwaway_env=True)
+        run_step(argv, building / "prepare.log", f"preparing the repository of {instance.instance_id}")
+        remove_tree(building / "scratch")
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(building / "repo", final)
+        seconds = time.monotonic() - started
+        info = {"seconds": round(seconds, 1), "disk_bytes": disk_usage(final), "env": env.path}
+        shutil.move(str(building / "prepare.log"), str(final.with_name(final.name + ".prepare.log")))
+        record.write_text(json.dumps(info))
+    finally:
+        remove_tree(building)
+    return Built(instance.instance_id, str(final), seconds, info["disk_bytes"], False, env.mounts)

@@ -1,0 +1,113 @@
+"""`uni-agent envs build DATA.parquet`: every environment the rows need, built in parallel, then each row's
+repository, then the rows rewritten to use them:
+
+    uni-agent envs build data/swe_bench_verified_local.parquet --git-mirror /work/.mirror [--jobs 4] [--out FILE]
+
+A row gets `repo` (its prepared repository), `mounts` (the environment at /opt/miniconda3, the interpreter at its
+own path) and `reward.metadata.env_prebuilt: "1"` (the eval script skips the install step). Rows that cannot get
+an environment are reported with why and written unchanged. One line per environment and repository says what
+happened and how long it took; the last line says where the rows went. Exit 1 when any build failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from ..swebench.spec import ENV_PREBUILT
+from .build import BuildError, Built, GitSource, build_env, envs_root, prepare_repo
+from .plan import Plan, plan_rows
+
+MB = 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="envs_command", required=True)
+    build = sub.add_parser("build", help="build the environments of SWE-bench rows and point the rows at them")
+    build.add_argument("data_path", help="Parquet rows (uni-agent preprocess-swe --deployment local --local-repos)")
+    build.add_argument("--out", help="where the rewritten rows go (default: DATA with _envs before .parquet)")
+    build.add_argument("--git-mirror", help="directory of git mirrors (<owner>+<name>/repo, <owner>+<name> or "
+                                            "<owner>__<name>); default: clone from GitHub into the cache")
+    build.add_argument("--jobs", type=int, default=4, help="builds at once (default 4)")
+    build.set_defaults(func=cmd_envs)
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = Path(args.data_path)
+    if not data.is_file():
+        raise ConfigError(f"{data}: no such file")
+    rows = pq.read_table(data).to_pylist()
+    out = Path(args.out) if args.out else data.with_name(f"{data.stem}_envs.parquet")
+    plan = plan_rows(rows)
+    for problem in plan.problems:
+        say(f"left as it is: {problem}")
+    root = envs_root()
+    source = GitSource(root, Path(args.git_mirror).expanduser().resolve() if args.git_mirror else None)
+    repos, failures = build_all(plan, source, root, max(1, args.jobs))
+    written = [with_environment(row, repos[index]) if index in repos else row for index, row in enumerate(rows)]
+    tmp = out.with_name(f".{out.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(written), tmp)
+    tmp.replace(out)
+    for failure in failures:
+        print(f"error: {failure}", file=sys.stderr)
+    say(f"{len(repos)} of {len(rows)} rows have their environment; rows written to {out}")
+    return 1 if failures else 0
+
+
+def build_all(plan: Plan, source: GitSource, root: Path, jobs: int) -> tuple[dict[int, Built], list[str]]:
+    """Every environment, then every repository once its environment is there, `jobs` at a time."""
+    repos: dict[int, Built] = {}
+    failures: list[str] = []
+    with ThreadPoolExecutor(jobs) as pool:
+        env_futures: dict[str, Future[Built]] = {}
+        for key, env in plan.envs.items():
+            say(f"{env.label}: building its environment (Python {env.python}, setup commit {env.setup_commit[:12]})")
+            env_futures[key] = pool.submit(build_env, env, source, root)
+        repo_futures: dict[int, Future[Built]] = {}
+        for key, future in env_futures.items():
+            try:
+                env_built = future.result()
+            except (BuildError, ConfigError, OSError) as exc:
+                failures.append(f"{plan.envs[key].label}: {exc}")
+                say(f"{plan.envs[key].label}: FAILED (see the error at the end)")
+                continue
+            say(f"{env_built.name}: environment {'cached' if env_built.cached else 'built'} "
+                f"in {env_built.seconds:.1f} s, {env_built.disk_bytes / MB:.0f} MB ({env_built.path})")
+            for index, instance in plan.instances.items():
+                if instance.env.key == key:
+                    repo_futures[index] = pool.submit(prepare_repo, instance, env_built, source, root)
+        for index, future in repo_futures.items():
+            name = plan.instances[index].instance_id
+            try:
+                repos[index] = future.result()
+            except (BuildError, ConfigError, OSError) as exc:
+                failures.append(f"{name}: {exc}")
+                continue
+            built = repos[index]
+            say(f"{name}: repository {'cached' if built.cached else 'prepared'} in {built.seconds:.1f} s, "
+                f"{built.disk_bytes / MB:.0f} MB")
+    return repos, failures
+
+
+def with_environment(row: dict[str, Any], built: Built) -> dict[str, Any]:
+    """The row pointed at its prepared repository and environment; nothing else changes."""
+    row = copy.deepcopy(row)
+    tools = row["extra_info"]["tools_kwargs"]
+    deployment = tools["env"]["deployment"]
+    deployment["repo"] = built.path
+    deployment["mounts"] = {**(deployment.get("mounts") or {}), **built.mounts}
+    tools["reward"]["metadata"][ENV_PREBUILT] = "1"
+    return row
+
+
+def say(line: str) -> None:
+    print(f"[envs {time.strftime('%H:%M:%S')}] {line}", flush=True)
