@@ -25,7 +25,8 @@ if "UNI_AGENT_SANDBOX_ROOT" not in os.environ:
 AGENT_CONFIG = REPO_ROOT / "examples" / "agent_interaction" / "agent_config_local.yaml"
 # What a local sandbox runs on the host: its bwrap (the supervisor and the commands run inside it).
 SANDBOX_PROCESSES = ("bwrap",)
-POD_MARK = "uni-agent-sandbox-pod"  # a worker's sandbox pod (uni_agent/sandbox/pod.py): lives as long as its worker
+# A worker's fork server (uni_agent/sandbox/fork_server.py): it lives as long as its worker.
+FORK_SERVER_MARK = "uni-agent-fork-server"
 
 
 @pytest.fixture(scope="session")
@@ -61,8 +62,9 @@ def no_leftover_sandboxes(tmp_path_factory):
         mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines()
                   if any(m in line for m in markers)]
         processes = [cmd for cmd in map(_cmd, Path("/proc").glob("[0-9]*"))
-                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers) and POD_MARK not in cmd]
-        return dirs + mounts + processes + _sandboxes_in_pods(markers)
+                     if cmd.startswith(SANDBOX_PROCESSES) and any(m in cmd for m in markers)
+                     and FORK_SERVER_MARK not in cmd]
+        return dirs + mounts + processes + _sandboxes_in_fork_servers(markers)
 
     deadline = time.monotonic() + 15
     while (found := leftovers()) and time.monotonic() < deadline:
@@ -95,9 +97,9 @@ def poll_until(predicate, timeout: float, what: str):
     return value
 
 
-def _sandboxes_in_pods(markers: tuple[str, ...]) -> list[str]:
-    """Sandboxes still running in a sandbox pod of this session: the pod (bwrap, its init, the pod's Python) stays
-    with its worker process; each sandbox is a child of the pod's Python."""
+def _sandboxes_in_fork_servers(markers: tuple[str, ...]) -> list[str]:
+    """Sandboxes still running in a fork server of this session: the fork server (bwrap, its init, the fork server's
+    Python) stays with its worker process; each sandbox is a child of the fork server's Python."""
     children: dict[int, list[int]] = {}
     commands: dict[int, str] = {}
     for proc in Path("/proc").glob("[0-9]*"):
@@ -107,10 +109,11 @@ def _sandboxes_in_pods(markers: tuple[str, ...]) -> list[str]:
             commands[int(proc.name)] = _cmd(proc)
     left = []
     for pid, cmd in commands.items():
-        if cmd.startswith("bwrap") and POD_MARK in cmd and any(m in cmd for m in markers):
+        if cmd.startswith("bwrap") and FORK_SERVER_MARK in cmd and any(m in cmd for m in markers):
             for init in children.get(pid, []):
-                for pod in children.get(init, []):
-                    left += [f"a sandbox of pod {pod}: pid {child}" for child in children.get(pod, [])]
+                for fork_server in children.get(init, []):
+                    left += [f"a sandbox of fork server {fork_server}: pid {child}"
+                             for child in children.get(fork_server, [])]
     return left
 
 

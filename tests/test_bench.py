@@ -49,7 +49,7 @@ def test_the_fewest_processes_that_fit_a_hard_limit():
 
 
 # Each command burns 0.1 s of CPU in its sandbox: the sandbox column must hold at least that (issue 40: it read 0.00
-# once the sandboxes ran in a pod that no worker reaps during the run).
+# once the sandboxes ran in a fork server that no worker reaps during the run).
 BURN = ("python3 -c 'import time; t = time.process_time(); "
         "any(time.process_time() - t > 0.1 for _ in iter(int, 1))'")
 

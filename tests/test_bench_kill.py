@@ -115,13 +115,13 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, how):
 
 
 def test_a_killed_sweep_leaves_no_process(tmp_path):
-    """The rollout sweep: a LocalCluster's worker processes, their sandbox pods (bwrap) and the endpoint process;
+    """The rollout sweep: a LocalCluster's worker processes, their fork servers (bwrap) and the endpoint process;
     SIGTERM to the bench process alone, as `kill PID` sends it, in the middle of a wave."""
     out = tmp_path / "out"
 
     def ready(tree: list[psutil.Process]) -> bool:
-        """A sandbox pod (bwrap) below a worker process: rollouts are running (the bench's own pod, for its "start
-        alone" figure, is the bench's child)."""
+        """A fork server (bwrap) below a worker process: rollouts are running (the bench's own fork server, for its
+        "start alone" figure, is the bench's child)."""
         pids = {p.pid: p for p in tree}
         for proc in tree:
             with contextlib.suppress(psutil.Error):

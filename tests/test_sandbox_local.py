@@ -471,13 +471,14 @@ def test_fork_bomb_is_contained_and_the_sandbox_stays_usable(repo: Path) -> None
 
 def sandbox_processes(box: LocalSandbox) -> list[int]:
     """The sandbox's processes: its cgroup's, or without one the process chain it started and all it forked (in the
-    pod: everything below the pod, bwrap's child's child; the test's sandbox is the pod's only one)."""
+    fork server: everything below the fork server, bwrap's child's child; the test's sandbox is the fork server's only
+    one)."""
     if box.process_limit.cgroup is not None:
         return box.process_limit.processes()
-    if box._pod is not None:
-        init = process_children()[box._pod.proc.pid][0]
-        pod = process_children()[init][0]
-        return descendants(pod)
+    if box._fork_server is not None:
+        init = process_children()[box._fork_server.proc.pid][0]
+        fork_server = process_children()[init][0]
+        return descendants(fork_server)
     assert box._proc is not None
     return [box._proc.pid, *descendants(box._proc.pid)]
 
@@ -505,9 +506,9 @@ def descendants(pid: int) -> list[int]:
 
 def is_supervisor(cmdline: bytes) -> bool:
     """The sandbox supervisor's command line: its source (-c), its compiled file (a sandbox over the host's root), or
-    the sandbox pod's (forked from the pod, it keeps the pod's command line)."""
+    the fork server's (forked from the fork server, it keeps the fork server's command line)."""
     return (b"uni-agent sandbox supervisor" in cmdline or b"/uni-agent-sandbox-supervisor.pyc\0" in cmdline
-            or b"uni-agent-sandbox-pod" in cmdline)
+            or b"uni-agent-fork-server" in cmdline)
 
 
 def only_the_sandbox_itself(pids: list[int]) -> bool:
@@ -518,7 +519,7 @@ def only_the_sandbox_itself(pids: list[int]) -> bool:
     bwraps = [c for c in commands if c.startswith(b"bwrap\0")]
     supervisors = [c for c in commands if is_supervisor(c) and c not in bwraps]
     shells = [c for c in commands if c.endswith(b"/run/uni-agent/run.sh\0")]
-    # bwrap's: bwrap and its init, the supervisor, a shell; the pod's: the supervisor (pid 1) and a shell
+    # bwrap's: bwrap and its init, the supervisor, a shell; the fork server's: the supervisor (pid 1) and a shell
     return len(bwraps) in (0, 2) and len(supervisors) == 1 and len(shells) <= 1 and len(commands) <= 2 + len(bwraps)
 
 

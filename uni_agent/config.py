@@ -100,10 +100,11 @@ class LocalDeploymentConfig(DeploymentBase):
     last): a polite setting for a node shared with others. Not a speed-up: at 10 the rollouts ran no faster, and on
     16 cores slower, their sandbox starts and commands waiting longer (docs/benchmarks.md, "Sandbox sessions and CPU
     priority")."""
-    launcher: Literal["auto", "pod", "bwrap"] = "auto"
-    """How a sandbox is started. pod: forked by the worker's sandbox pod (one bwrap per worker process; ~3 ms of CPU
-    a start); bwrap: a bwrap, a mount and a Python interpreter of its own (~30 ms); auto: the pod where it serves the
-    sandbox (the host's root, an overlay workspace, no network, no extra mounts) and works on this machine."""
+    launcher: Literal["auto", "fork_server", "bwrap"] = "auto"
+    """How a sandbox is started. fork_server: forked by the worker's fork server, a process that pays for bwrap and
+    the interpreter once (one per worker process; ~3 ms of CPU a start); bwrap: a bwrap, a mount and a Python
+    interpreter of its own (~30 ms); auto: the fork server where it serves the sandbox (the host's root, an overlay
+    workspace, no network, no extra mounts) and works on this machine."""
 
 
 class ContainerDeploymentConfig(ImageDeploymentBase):

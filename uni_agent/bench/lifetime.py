@@ -5,7 +5,7 @@ Two layers:
 - every process the bench starts itself (dask scheduler and workers, the driver, the endpoints, an earlier tree's
   bench under `--baseline`) is started with `preexec_fn=die_with_bench()`: the kernel sends it SIGKILL when the
   bench's process ends, by any signal, SIGKILL included (PR_SET_PDEATHSIG). Their own children follow: a dask
-  worker process exits when its nanny's pipe closes (distributed's AsyncProcess), a sandbox pod is bwrap
+  worker process exits when its nanny's pipe closes (distributed's AsyncProcess), a fork server is bwrap
   `--die-with-parent`, a LocalCluster's workers are the bench's own multiprocessing children (the same pipe);
 - SIGTERM and SIGHUP raise SystemExit in the bench's main thread (`stop_on_signals`), so that its `with` blocks
   close what they opened (clusters, endpoints, sandboxes, temp dirs) and it says why it stopped; a second signal

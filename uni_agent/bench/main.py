@@ -33,9 +33,9 @@ method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in
   fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
   (RUSAGE_SELF), over LLM calls: it excludes the endpoint's process and every child process. sbx CPU/turn = every
   process below a worker over LLM calls, from /proc (the "sandboxes" of the CPU split under each row): the sandbox
-  pods, the sandboxes, each command's shell and the command, git at start and patch collection, what pid 1 reaped of
-  them included. lost/dup = rollouts with no row, and keys with more than one, in the run's Parquet part files.
-  machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
+  fork servers, the sandboxes, each command's shell and the command, git at start and patch collection, what pid 1
+  reaped of them included. lost/dup = rollouts with no row, and keys with more than one, in the run's Parquet part
+  files. machine CPU/turn = the whole machine's user+system CPU (/proc/stat) over the run, the endpoint's
   included, over LLM calls: what a turn costs this machine in all (not measured for the peer, whose imports would
   count). MiB/rollout = (peak summed RSS of driver + workers - RSS before the run) / concurrency. mini-swe-agent:
   its own batch runner in one process (threads), LocalEnvironment (plain subprocess, no sandbox, nothing to start),

@@ -89,7 +89,7 @@ class PeakMemory:
 
 # Open files per rollout in flight, in the process that holds it (the soft limit is per process; children inherit
 # it). Agent worker with real sandboxes: an HTTP connection, the sandbox's streams to its supervisor, a command's
-# pipes and pidfd, files being written: 8 (an upper bound kept from before the pod). Agent worker with the
+# pipes and pidfd, files being written: 8 (an upper bound kept from before the fork server). Agent worker with the
 # simulation's memory stand-in: its HTTP connection, 1.02 measured at 200 and 1,000 a worker (2: margin).
 # Endpoint process: one socket per connection it serves, 1.03 measured (2: the kernel spreads connections over the
 # processes unevenly). Each process also holds its libraries, Dask's sockets and logs: 1,024 (measured 25).

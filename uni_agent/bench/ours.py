@@ -111,8 +111,8 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "framework_cpu_ms_per_turn": (workers_cpu.own + driver_cpu.own) / max(1, llm_calls) * 1000,
         "worker_cpu_ms_per_turn": workers_cpu.own / max(1, llm_calls) * 1000,
         "driver_cpu_ms_per_turn": driver_cpu.own / max(1, llm_calls) * 1000,
-        # Every process below a worker (the pod, its sandboxes, their commands, git), from /proc: a worker's own
-        # RUSAGE_CHILDREN no longer sees them, since the pod that reaps them outlives the run (cpu_split.py).
+        # Every process below a worker (the fork server, its sandboxes, their commands, git), from /proc: a worker's own
+        # RUSAGE_CHILDREN no longer sees them, since the fork server that reaps them outlives the run (cpu_split.py).
         "sandbox_cpu_ms_per_turn": split.seconds["sandboxes"] / max(1, llm_calls) * 1000,
         "machine_cpu_ms_per_turn": machine_cpu / max(1, llm_calls) * 1000,
         "cpu_split_s": split.seconds,

@@ -62,7 +62,7 @@ def process_transport(proc: asyncio.subprocess.Process, what: str) -> Transport:
 
 
 async def pipe_transport(stdin_w: int, stdout_r: int, describe_end: Callable[[], Awaitable[str]]) -> Transport:
-    """The transport of a supervisor reached through two pipe ends this process holds (a sandbox of the pod):
+    """The transport of a supervisor reached through two pipe ends this process holds (a sandbox of the fork server):
     they are owned by the transport from here on, and closed with it."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
@@ -116,7 +116,7 @@ class SessionSandbox(ClosingContext):
         self.session: Session | None = None
         self._closed = False
         # Set by a backend whose launch gave the supervisor its first state (environment, working directory) and
-        # whose commands need no probe (the sandbox pod: the host's root and bash): the start skips both round trips.
+        # whose commands need no probe (the fork server: the host's root and bash): the start skips both round trips.
         self.launched_ready = False
 
     # -- what a backend provides -------------------------------------------------------------------------------

@@ -74,9 +74,9 @@ def _host_root(mounts: Mounts) -> list[str]:
 
 
 def host_root_args(own_dirs: list[str]) -> list[str]:
-    """The host's root as every sandbox over it sees it (the pod's too, pod.py): /usr, /etc and the Python running
-    uni-agent read-only, a fresh /proc and /dev, and `own_dirs` (the sandbox's /tmp and HOME) before the Python's
-    dirs, so that a venv under /tmp or /root stays visible."""
+    """The host's root as every sandbox over it sees it (the fork server's too, fork_server.py): /usr, /etc and the
+    Python running uni-agent read-only, a fresh /proc and /dev, and `own_dirs` (the sandbox's /tmp and HOME) before the
+    Python's dirs, so that a venv under /tmp or /root stays visible."""
     args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for link in ("bin", "lib", "lib32", "lib64", "sbin"):
         target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
@@ -94,7 +94,8 @@ def host_root_args(own_dirs: list[str]) -> list[str]:
 
 
 def python_dirs_under_own_dirs() -> list[str]:
-    """The Python's dirs that a sandbox's own /tmp or /root would hide (a venv there): the pod binds them again."""
+    """The Python's dirs that a sandbox's own /tmp or /root would hide (a venv there): the fork server binds them
+    again."""
     return [d for d in _python_dirs() if d.startswith(("/tmp/", "/root/")) or d in ("/tmp", "/root")]
 
 

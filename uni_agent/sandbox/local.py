@@ -16,9 +16,9 @@ The chain dies with its owner: `setpriv --pdeathsig KILL` (kept across the execs
 and with it every process in the sandbox.
 
 Most sandboxes do not need a chain of their own: one over the host's root with an overlay workspace, no network and
-no extra mounts is forked by the worker's sandbox pod (pod.py, `launcher: auto`), the same namespaces and mounts for
-a tenth of the CPU. The chain above serves the rest (images, network, a harness's mounts) and any machine where no
-pod works.
+no extra mounts is forked by the worker's fork server (fork_server.py, `launcher: auto`), the same namespaces and mounts
+for a tenth of the CPU. The chain above serves the rest (images, network, a harness's mounts) and any machine where no
+fork server works.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from .base import ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv, host_env
 from .image_store import ImageLease, ImageRootfs, ImageStore
 from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir
-from .pod import PodClosed, PodKey, SandboxPod, pod_failure, pod_for, pod_stderr, running_pod
+from .fork_server import (ForkServer, ForkServerClosed, ForkServerKey, fork_server_failure, fork_server_for,
+                          fork_server_stderr, running_fork_server)
 from .private_dir import make_private_subdir, sandbox_root
 from .process_limit import ProcessLimit
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
@@ -52,7 +53,7 @@ log = structlog.get_logger("uni_agent.sandbox")
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
-POD_KILL_WAIT_S = 10.0  # how long a killed sandbox of the pod may take to be gone
+FORK_SERVER_KILL_WAIT_S = 10.0  # how long a killed sandbox of the fork server may take to be gone
 
 
 async def to_thread_kept(func, *args):
@@ -99,8 +100,8 @@ class LocalSandbox(SessionSandbox):
         self._base: Path | None = None  # the shared snapshot of the task repo, when there is one
         self._lease: ImageLease | None = None  # the unpacked image, when the sandbox runs one
         self._userns: UserNamespace | None = None  # the user namespace the chain starts in (not as root)
-        self._pod: SandboxPod | None = None  # the pod that forked this sandbox, if one did
-        self._pod_transport: Transport | None = None
+        self._fork_server: ForkServer | None = None  # the fork server that forked this sandbox, if one did
+        self._fork_server_transport: Transport | None = None
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
 
     extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
@@ -133,24 +134,24 @@ class LocalSandbox(SessionSandbox):
         if self._switches_user() and self._userns is None:  # as root; in a namespace, its setup script does it
             for sub in self._user_dirs():
                 os.chown(sub, self._lease.image.uid, self._lease.image.gid)  # type: ignore[union-attr]
-        if self._pod_serves():
-            transport = await self._launch_in_pod()
+        if self._fork_server_serves():
+            transport = await self._launch_in_fork_server()
             if transport is not None:
                 return transport
         self._proc = await self._spawn(self._argv(self.use_overlay))
         return process_transport(self._proc, "bwrap")
 
-    def _pod_serves(self) -> bool:
-        """Whether the worker's sandbox pod (pod.py) can start this sandbox."""
+    def _fork_server_serves(self) -> bool:
+        """Whether the worker's fork server (fork_server.py) can start this sandbox."""
         if self.config.launcher == "bwrap":
             return False
-        why = self._why_not_pod()
-        if why and self.config.launcher == "pod":
-            raise SandboxError(f"sandbox {self.name}: `launcher: pod` cannot start it: {why} (`launcher: auto` starts "
-                               "such sandboxes with a bwrap of their own)")
+        why = self._why_not_fork_server()
+        if why and self.config.launcher == "fork_server":
+            raise SandboxError(f"sandbox {self.name}: `launcher: fork_server` cannot start it: {why} (`launcher: auto` "
+                               "starts such sandboxes with a bwrap of their own)")
         return not why
 
-    def _why_not_pod(self) -> str:
+    def _why_not_fork_server(self) -> str:
         if self._lease is not None:
             return "it runs an image"
         if not self.use_overlay or self._base is None:
@@ -161,11 +162,12 @@ class LocalSandbox(SessionSandbox):
             return "it has extra mounts"
         return ""
 
-    async def _launch_in_pod(self) -> Transport | None:
-        """The sandbox forked by the pod; None where no pod works here (`launcher: auto` then starts a bwrap)."""
+    async def _launch_in_fork_server(self) -> Transport | None:
+        """The sandbox forked by the fork server; None where no fork server works here (`launcher: auto` then starts a
+        bwrap)."""
         assert self.dir is not None and self._base is not None
         cgroup = self.process_limit.cgroup
-        key = PodKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None,
+        key = ForkServerKey(self.dir.parent, self._base.parent, cgroup.parent if cgroup is not None else None,
                      self.config.cpu_nice)
         env = host_env()
         limit_as = self.config.max_memory_mb * 1024 * 1024 if self.config.max_memory_mb else 0
@@ -174,28 +176,28 @@ class LocalSandbox(SessionSandbox):
                    "workdir": self.workdir, "env": {**env, **self.first_environment()}, "as_bytes": limit_as,
                    "cgroup": cgroup.name if cgroup is not None else "",
                    "nproc": self.process_limit.max_processes if self.process_limit.mode == "ulimit" else 0}
-        for attempt in range(2):  # a pod that ended for idleness as we took it: the next one
-            pod = running_pod(key) or await asyncio.to_thread(pod_for, key, env)
-            if pod is None:
-                if self.config.launcher == "pod":
-                    raise SandboxError(f"sandbox {self.name}: `launcher: pod`, but the sandbox pod does not work "
-                                       f"here: {pod_failure(key)}")
+        for attempt in range(2):  # a fork server that ended for idleness as we took it: the next one
+            fork_server = running_fork_server(key) or await asyncio.to_thread(fork_server_for, key, env)
+            if fork_server is None:
+                if self.config.launcher == "fork_server":
+                    raise SandboxError(f"sandbox {self.name}: `launcher: fork_server`, but the fork server does not "
+                                       f"work here: {fork_server_failure(key)}")
                 return None
             try:
-                stdin_w, stdout_r = pod.start(request)
+                stdin_w, stdout_r = fork_server.start(request)
                 break
-            except PodClosed:
+            except ForkServerClosed:
                 if attempt:
                     raise
-        self._pod = pod
+        self._fork_server = fork_server
         self.launched_ready = True
 
         async def describe_end() -> str:
-            state = "running" if pod.alive else f"gone{pod_stderr(pod)}"
-            return f"the sandbox's pid 1 in the sandbox pod (pid {pod.proc.pid}, {state}) ended"
+            state = "running" if fork_server.alive else f"gone{fork_server_stderr(fork_server)}"
+            return f"the sandbox's pid 1 in the fork server (pid {fork_server.proc.pid}, {state}) ended"
 
-        self._pod_transport = await pipe_transport(stdin_w, stdout_r, describe_end)
-        return self._pod_transport
+        self._fork_server_transport = await pipe_transport(stdin_w, stdout_r, describe_end)
+        return self._fork_server_transport
 
     def _switches_user(self) -> bool:
         return self._lease is not None and self._lease.image.uid != 0
@@ -320,7 +322,7 @@ class LocalSandbox(SessionSandbox):
         return []
 
     async def _teardown(self) -> None:
-        await self._end_in_pod()
+        await self._end_in_fork_server()
         proc, self._proc = self._proc, None
         if proc is not None:
             # The session closed the supervisor's stdin: it ends its commands and exits, and bwrap with it. Waited
@@ -340,22 +342,22 @@ class LocalSandbox(SessionSandbox):
             await asyncio.to_thread(remove_sandbox_dir, self.dir)
             self.dir = None
 
-    async def _end_in_pod(self) -> None:
+    async def _end_in_fork_server(self) -> None:
         """As for a bwrap of its own: a moment to exit by itself (its stdin is closed), then killed; waited for until
         its pid 1, and every process of the sandbox with it, is gone."""
-        pod, self._pod = self._pod, None
-        if pod is None:
+        fork_server, self._fork_server = self._fork_server, None
+        if fork_server is None:
             return
-        if self._pod_transport is not None:  # its stdin's end of file (also where no session began) ends it
-            self._pod_transport.close()
-            self._pod_transport = None
-        ended = asyncio.wrap_future(pod.ended(self.name))
+        if self._fork_server_transport is not None:  # its stdin's end of file (also where no session began) ends it
+            self._fork_server_transport.close()
+            self._fork_server_transport = None
+        ended = asyncio.wrap_future(fork_server.ended(self.name))
         try:
             await asyncio.wait_for(asyncio.shield(ended), CLOSE_GRACE_S)
         except TimeoutError:
-            pod.kill(self.name)
+            fork_server.kill(self.name)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended, POD_KILL_WAIT_S)
+                await asyncio.wait_for(ended, FORK_SERVER_KILL_WAIT_S)
 
     async def exec(self, command: str, timeout: float, *, stdin: bytes | None = None,
                    merge_stderr: bool = True) -> ExecResult:

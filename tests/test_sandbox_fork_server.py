@@ -1,8 +1,9 @@
-"""The sandbox pod (uni_agent/sandbox/pod.py): local sandboxes forked by one bwrap per worker process.
+"""The fork server (uni_agent/sandbox/fork_server.py): local sandboxes forked by one bwrap per worker process.
 
-Real pods, real sandboxes, real namespaces: two sandboxes of one pod must be as far apart as two bwraps (files,
-processes, /tmp, the root, the pod's views), hold no capabilities, and go with everything they started; the pod must
-say plainly what it cannot serve, and a dead pod must fail its sandboxes and be replaced."""
+Real fork servers, real sandboxes, real namespaces: two sandboxes of one fork server must be as far apart as two bwraps
+(files, processes, /tmp, the root, the fork server's views), hold no capabilities, and go with everything they started;
+the fork server must say plainly what it cannot serve, and a dead fork server must fail its sandboxes and be
+replaced."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from uni_agent.sandbox import SandboxError
 from uni_agent.sandbox.local import LocalSandbox
 
 
-def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:  # noqa: F811
+def test_two_sandboxes_of_one_fork_server_see_nothing_of_each_other(repo: Path) -> None:  # noqa: F811
     marker = f"4{uuid.uuid4().int % 10000}.5"
 
     async def main() -> tuple[dict[str, str], str, bool]:
         async with sandbox(repo, name="a") as a, sandbox(repo, name="b") as b:
-            assert a._pod is not None and a._pod is b._pod and a._proc is None
+            assert a._fork_server is not None and a._fork_server is b._fork_server and a._proc is None
             wrote = await a.exec(f"echo a > a.txt && echo a > /tmp/f && echo a > /f && echo a > /dev/shm/f && "
                                  f"(sleep {marker} > /dev/null 2>&1 &)", 10)
             assert wrote.exit_code == 0, wrote.output
@@ -32,7 +33,7 @@ def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:
             for what, command in {
                 "files": "cat a.txt; cat /tmp/f /f /dev/shm/f 2>&1 | grep -c 'No such'",
                 "processes": f"ps -eo args | grep -c '^sleep {marker}' || true",
-                "pod": "ls /run/uni-agent-pod 2>&1 | grep -c 'No such'",
+                "fork_server": "ls /run/uni-agent-fork-server 2>&1 | grep -c 'No such'",
                 "capabilities": "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status | awk '{print $2}' | sort -u",
                 "root": ("touch /usr/x 2>&1 | grep -c 'Read-only'; "
                          "mkdir -p /mnt; mount -t tmpfs t /mnt 2>&1 | grep -c denied"),
@@ -46,7 +47,7 @@ def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:
     seen, mine, alive_during = run(main())
     assert seen["files"] == "original a\n3", seen  # a.txt as in the repo; /tmp/f, /f, /dev/shm/f not there
     assert seen["processes"] == "0" and mine == "1", (seen, mine)
-    assert seen["pod"] == "1", seen
+    assert seen["fork_server"] == "1", seen
     assert seen["capabilities"] == "0000000000000000", seen
     assert seen["root"] == "1\n1", seen
     assert seen["loopback"] == "up", seen
@@ -57,37 +58,37 @@ def test_two_sandboxes_of_one_pod_see_nothing_of_each_other(repo: Path) -> None:
 def test_launcher_bwrap_starts_a_bwrap_of_its_own(repo: Path) -> None:  # noqa: F811
     async def main() -> tuple[bool, bool, str]:
         async with sandbox(repo, launcher="bwrap") as box:
-            return box._pod is None, box._proc is not None, (await box.exec("cat a.txt", 10)).output
+            return box._fork_server is None, box._proc is not None, (await box.exec("cat a.txt", 10)).output
 
     assert run(main()) == (True, True, "original a\n")
 
 
-def test_launcher_pod_says_what_it_cannot_serve(repo: Path) -> None:  # noqa: F811
+def test_launcher_fork_server_says_what_it_cannot_serve(repo: Path) -> None:  # noqa: F811
     async def main() -> None:
-        async with sandbox(repo, launcher="pod", network=True):
+        async with sandbox(repo, launcher="fork_server", network=True):
             pass
 
-    with pytest.raises(SandboxError, match="`launcher: pod` cannot start it: it has the network"):
+    with pytest.raises(SandboxError, match="`launcher: fork_server` cannot start it: it has the network"):
         run(main())
 
 
-def test_a_dead_pod_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: Path) -> None:  # noqa: F811
+def test_a_dead_fork_server_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: Path) -> None:  # noqa: F811
     async def main() -> tuple[str, int, int, str]:
         async with sandbox(repo, name="first") as first:
-            pod = first._pod
-            assert pod is not None
-            os.killpg(pod.proc.pid, signal.SIGKILL)  # bwrap and everything under it: the pod, its sandboxes
+            fork_server = first._fork_server
+            assert fork_server is not None
+            os.killpg(fork_server.proc.pid, signal.SIGKILL)  # bwrap and everything under it: the server, its sandboxes
             with pytest.raises(SandboxError) as caught:
                 for _ in range(50):  # the stream ends once the kernel has taken the sandbox down
                     await first.exec("true", 10)
                     await asyncio.sleep(0.1)
             async with sandbox(repo, name="second") as second:
-                assert second._pod is not None
+                assert second._fork_server is not None
                 output = (await second.exec("cat b.txt", 10)).output
-                return str(caught.value), pod.proc.pid, second._pod.proc.pid, output
+                return str(caught.value), fork_server.proc.pid, second._fork_server.proc.pid, output
 
     message, dead, new, output = run(main())
-    assert "sandbox pod" in message, message
+    assert "fork server" in message, message
     assert new != dead and output == "original b\n"
 
 
@@ -95,15 +96,16 @@ def test_a_dead_pod_fails_its_sandboxes_and_the_next_start_gets_a_new_one(repo: 
 NICE_AND_GROUP = "awk '{print $19}' /proc/$$/stat; cat /proc/$$/autogroup 2>/dev/null || echo none"
 
 
-@pytest.mark.parametrize("launcher", ["pod", "bwrap"])
+@pytest.mark.parametrize("launcher", ["fork_server", "bwrap"])
 def test_sandboxes_run_cpu_nice_below_the_worker(repo: Path, launcher: str) -> None:  # noqa: F811
-    """`cpu_nice` steps below the worker, whichever way the sandbox starts; 0 keeps them level. In the pod, the
-    sandboxes share the pod's one scheduling autogroup, at the same nice, instead of one each (a session each)."""
+    """`cpu_nice` steps below the worker, whichever way the sandbox starts; 0 keeps them level. In the fork server, the
+    sandboxes share the fork server's one scheduling autogroup, at the same nice, instead of one each (a session
+    each)."""
     ours = os.nice(0)
-    autogroups = launcher == "pod" and os.path.exists("/proc/self/autogroup")
+    autogroups = launcher == "fork_server" and os.path.exists("/proc/self/autogroup")
 
     async def seen_in(box: LocalSandbox) -> tuple[int, str]:
-        for _ in range(30):  # the pod sets its autogroup's nice at once, or, when the kernel says later, 0.11 s on
+        for _ in range(30):  # the server sets its autogroup's nice at once, or, when the kernel says later, 0.11 s on
             result = await box.exec(NICE_AND_GROUP, 10)
             assert result.exit_code == 0, result.output
             nice, group = result.stdout.decode().split("\n", 1)
@@ -122,4 +124,4 @@ def test_sandboxes_run_cpu_nice_below_the_worker(repo: Path, launcher: str) -> N
     assert a_nice == b_nice == min(ours + 7, 19) and level_nice == ours, (a_nice, b_nice, level_nice, ours)
     if autogroups:
         assert a_group == b_group and a_group.split()[-2:] == ["nice", "7"], (a_group, b_group)  # one, at nice 7
-        assert level_group not in (a_group, open("/proc/self/autogroup").read()), level_group  # the other pod's
+        assert level_group not in (a_group, open("/proc/self/autogroup").read()), level_group  # the other fork server's

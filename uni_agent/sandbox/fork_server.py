@@ -1,17 +1,18 @@
-"""The worker's sandbox pod: one bubblewrap process per worker process that forks its local sandboxes (pod_init.py).
+"""The worker's fork server: one bubblewrap process per worker process that forks its local sandboxes
+(fork_server_main.py).
 
 Starting a sandbox the plain way costs ~30 ms of CPU (a shell joining the pids cgroup, `setpriv`, `unshare`, a shell
 and `mount` for the overlay, bwrap, a Python interpreter for the supervisor); a wave of 256 on 2 cores is then
-seconds of nothing but starts. The pod pays the interpreter and bwrap once: each sandbox is a fork of it that
+seconds of nothing but starts. The fork server pays the interpreter and bwrap once: each sandbox is a fork of it that
 unshares its own namespaces, mounts its own workspace and drops every capability (~3 ms). The isolation is the same
 as bwrap's per sandbox (own mount, pid, network, ipc, uts and cgroup namespaces, read-only root, no capabilities,
 no_new_privs, the same limits); see docs/sandboxes.md.
 
 It serves sandboxes over the host's root with an overlay workspace, no network and no extra mounts (LocalSandbox
-decides); the rest start the plain way. A pod is probed once when it starts (a sandbox that must say ready): where
-it cannot work (an old kernel, a locked-down /proc), the process says so once and starts every sandbox the plain way.
-If the pod dies, its sandboxes die with it (their supervisors' streams end: an infrastructure failure, retried) and
-the next start makes a new one.
+decides); the rest start the plain way. A fork server is probed once when it starts (a sandbox that must say ready):
+where it cannot work (an old kernel, a locked-down /proc), the process says so once and starts every sandbox the plain
+way. If the fork server dies, its sandboxes die with it (their supervisors' streams end: an infrastructure failure,
+retried) and the next start makes a new one.
 """
 
 from __future__ import annotations
@@ -41,23 +42,24 @@ from .supervisor_launch import SUPERVISOR_SOURCE
 
 log = structlog.get_logger("uni_agent.sandbox")
 
-POD_SOURCE = Path(__file__).with_name("pod_init.py").read_text()
-POD_DIR = "/run/uni-agent-pod"  # pod_init.POD_DIR
+FORK_SERVER_SOURCE = Path(__file__).with_name("fork_server_main.py").read_text()
+FORK_SERVER_DIR = "/run/uni-agent-fork-server"  # fork_server_main.FORK_SERVER_DIR
 PROBE_TIMEOUT_S = 30.0
-POD_IDLE_S = 20.0  # a pod with no sandbox for this long ends (the next start makes a new one, ~50 ms)
-# The pod's command line: its program and the supervisor's come on stdin (pod_init.py's main).
+FORK_SERVER_IDLE_S = 20.0  # a fork server with no sandbox for this long ends (the next start makes a new one, ~50 ms)
+# The fork server's command line: its program and the supervisor's come on stdin (fork_server_main.py's main).
 BOOT = ("import sys; SUPERVISOR_SOURCE, source = sys.stdin.read().split('\\0'); "
-        "exec(compile(source, 'uni-agent-sandbox-pod', 'exec'))")
+        "exec(compile(source, 'uni-agent-fork-server', 'exec'))")
 
 
-class PodClosed(OSError):
-    """The pod ended for idleness between the registry handing it out and the start: take a new one."""
+class ForkServerClosed(OSError):
+    """The fork server ended for idleness between the registry handing it out and the start: take a new one."""
 
 
 @dataclass(frozen=True)
-class PodKey:
-    """What a pod binds: a sandbox needs a pod whose views hold its dir, its task snapshot and its cgroup, and that
-    runs at its CPU priority (`cpu_nice`: every sandbox of a pod inherits the pod's)."""
+class ForkServerKey:
+    """What a fork server binds: a sandbox needs a fork server whose views hold its dir, its task snapshot and its
+    cgroup, and that runs at its CPU priority (`cpu_nice`: every sandbox of a fork server inherits the fork
+    server's)."""
 
     sandboxes: Path
     repos: Path
@@ -65,8 +67,8 @@ class PodKey:
     nice: int = 0
 
 
-class SandboxPod:
-    def __init__(self, key: PodKey):
+class ForkServer:
+    def __init__(self, key: ForkServerKey):
         self.key = key
         keep = python_dirs_under_own_dirs()
         config = {"keep": keep, "hide": [PACKAGE_DIR] if any(PACKAGE_DIR.startswith(d + "/") for d in keep) else [],
@@ -75,12 +77,12 @@ class SandboxPod:
         argv = ["bwrap", "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-ipc", "--unshare-pid",
                 "--unshare-net", "--unshare-uts", "--die-with-parent", "--new-session", "--cap-add", "ALL",
                 "--clearenv", *host_root_args(["--dir", "/tmp", "--dir", "/root"]),
-                "--dir", f"{POD_DIR}/root", "--bind", str(key.sandboxes), f"{POD_DIR}/sandboxes",
-                "--ro-bind", str(key.repos), f"{POD_DIR}/repos"]
+                "--dir", f"{FORK_SERVER_DIR}/root", "--bind", str(key.sandboxes), f"{FORK_SERVER_DIR}/sandboxes",
+                "--ro-bind", str(key.repos), f"{FORK_SERVER_DIR}/repos"]
         if key.cgroups is not None:
-            argv += ["--bind", str(key.cgroups), f"{POD_DIR}/cgroup"]
+            argv += ["--bind", str(key.cgroups), f"{FORK_SERVER_DIR}/cgroup"]
         for index, path in enumerate(keep):
-            argv += ["--ro-bind", path, f"{POD_DIR}/keep/{index}"]
+            argv += ["--ro-bind", path, f"{FORK_SERVER_DIR}/keep/{index}"]
         python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
         argv += [python, "-I", "-S", "-c", BOOT, str(theirs.fileno()), json.dumps(config)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -88,7 +90,7 @@ class SandboxPod:
         theirs.close()
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(f"{SUPERVISOR_SOURCE}\0{POD_SOURCE}".encode())
+            self.proc.stdin.write(f"{SUPERVISOR_SOURCE}\0{FORK_SERVER_SOURCE}".encode())
             self.proc.stdin.close()
         except OSError:
             pass  # it ended at once: the probe says why
@@ -99,8 +101,8 @@ class SandboxPod:
         self._gone = False
         self._idle_timer: threading.Timer | None = None
         self.stderr_tail: list[str] = []
-        threading.Thread(target=self._read_replies, name="sandbox-pod-replies", daemon=True).start()
-        threading.Thread(target=self._read_stderr, name="sandbox-pod-stderr", daemon=True).start()
+        threading.Thread(target=self._read_replies, name="fork-server-replies", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="fork-server-stderr", daemon=True).start()
 
     @property
     def alive(self) -> bool:
@@ -114,7 +116,7 @@ class SandboxPod:
             if self._gone:  # ended for idleness since the caller took it from the registry
                 for fd in (stdin_r, stdin_w, stdout_r, stdout_w):
                     os.close(fd)
-                raise PodClosed(f"sandbox pod {self.proc.pid} has ended")
+                raise ForkServerClosed(f"fork server {self.proc.pid} has ended")
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
                 self._idle_timer = None
@@ -132,7 +134,8 @@ class SandboxPod:
         return stdin_w, stdout_r
 
     def ended(self, name: str) -> concurrent.futures.Future[None]:
-        """Done once the sandbox's pid 1 is gone, and with it every process of the sandbox (or the pod is gone)."""
+        """Done once the sandbox's pid 1 is gone, and with it every process of the sandbox (or the fork server is
+        gone)."""
         future = self._ended.get(name)
         if future is None:
             future = concurrent.futures.Future()
@@ -143,10 +146,10 @@ class SandboxPod:
         try:
             self._send({"op": "kill", "name": name})
         except OSError:
-            pass  # the pod is gone, and the sandbox with it
+            pass  # the fork server is gone, and the sandbox with it
 
     def close(self) -> None:
-        """End the pod and every sandbox in it (they are its children's namespaces)."""
+        """End the fork server and every sandbox in it (they are its children's namespaces)."""
         self._gone = True
         try:
             self.control.shutdown(socket.SHUT_RDWR)
@@ -160,13 +163,13 @@ class SandboxPod:
         self.control.close()
 
     def _close_if_idle(self) -> None:
-        with _lock, self._state_lock:  # the registry's first, as pod_for takes them
+        with _lock, self._state_lock:  # the registry's first, as fork_server_for takes them
             if self._ended or self._idle_timer is None:
                 return  # a sandbox came meanwhile
             self._idle_timer = None
-            self._gone = True  # a start that took this pod before now asks for a new one (PodClosed)
-            if _pods.get(self.key) is self:
-                del _pods[self.key]
+            self._gone = True  # a start that took this fork server before now asks for a new one (ForkServerClosed)
+            if _fork_servers.get(self.key) is self:
+                del _fork_servers[self.key]
         self.close()
 
     def _send(self, message: dict, fds: list[int] | None = None) -> None:
@@ -183,8 +186,8 @@ class SandboxPod:
                 reply = json.loads(message)
                 with self._state_lock:
                     future = self._ended.pop(reply.get("name", ""), None)
-                    if not self._ended and self._idle_timer is None:  # no sandbox left: the pod ends if none comes
-                        self._idle_timer = threading.Timer(POD_IDLE_S, self._close_if_idle)
+                    if not self._ended and self._idle_timer is None:  # no sandbox left: it ends if none comes
+                        self._idle_timer = threading.Timer(FORK_SERVER_IDLE_S, self._close_if_idle)
                         self._idle_timer.daemon = True
                         self._idle_timer.start()
                 if reply.get("op") == "ended" and future is not None and not future.done():
@@ -202,12 +205,12 @@ class SandboxPod:
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace").rstrip()
                 self.stderr_tail = (self.stderr_tail + [line])[-20:]
-                log.warning("sandbox_pod_stderr", pid=self.proc.pid, line=line[-2000:])
+                log.warning("fork_server_stderr", pid=self.proc.pid, line=line[-2000:])
 
     def probe(self, env: dict[str, str]) -> str | None:
         """Start one empty sandbox (in a pids cgroup, where sandboxes get one) and wait for its supervisor's ready
         line; None if it came, else what went wrong."""
-        name = f"pod-probe-{uuid.uuid4().hex[:8]}"
+        name = f"fork-server-probe-{uuid.uuid4().hex[:8]}"
         # Made and removed as a sandbox's dir and cgroup are: a worker killed mid-probe leaves nothing the next
         # start's reap would not find.
         here = make_private_subdir(self.key.sandboxes, name, ("lower", "upper", "work", "merged", "tmp", "home",
@@ -252,56 +255,56 @@ def _read_line(fd: int, timeout: float) -> bytes:
 
 
 def _tail(lines: list[str]) -> str:
-    return f"; pod stderr: {' | '.join(lines[-5:])}" if lines else ""
+    return f"; fork server stderr: {' | '.join(lines[-5:])}" if lines else ""
 
 
-def pod_stderr(pod: SandboxPod) -> str:
-    """The last lines the pod wrote to its stderr, for an error message (empty if none)."""
-    return _tail(pod.stderr_tail)
+def fork_server_stderr(fork_server: ForkServer) -> str:
+    """The last lines the fork server wrote to its stderr, for an error message (empty if none)."""
+    return _tail(fork_server.stderr_tail)
 
 
-def pod_failure(key: PodKey) -> str:
-    """Why no pod serves `key` here (its probe's failure)."""
+def fork_server_failure(key: ForkServerKey) -> str:
+    """Why no fork server serves `key` here (its probe's failure)."""
     return _broken.get(key, "unknown")
 
 
-_pods: dict[PodKey, SandboxPod] = {}
-_broken: dict[PodKey, str] = {}  # why a pod cannot serve here, once its probe failed
+_fork_servers: dict[ForkServerKey, ForkServer] = {}
+_broken: dict[ForkServerKey, str] = {}  # why a fork server cannot serve here, once its probe failed
 _lock = threading.Lock()  # the registry's
 
 
-def running_pod(key: PodKey) -> SandboxPod | None:
-    """The live pod for `key`, if there is one already (no wait)."""
-    pod = _pods.get(key)
-    return pod if pod is not None and pod.alive else None
+def running_fork_server(key: ForkServerKey) -> ForkServer | None:
+    """The live fork server for `key`, if there is one already (no wait)."""
+    fork_server = _fork_servers.get(key)
+    return fork_server if fork_server is not None and fork_server.alive else None
 
 
-def pod_for(key: PodKey, env: dict[str, str]) -> SandboxPod | None:
-    """The pod for `key`, started (and probed) if needed; None where no pod can serve (said once, in the log).
-    Blocking: call it in a thread."""
+def fork_server_for(key: ForkServerKey, env: dict[str, str]) -> ForkServer | None:
+    """The fork server for `key`, started (and probed) if needed; None where no fork server can serve (said once, in the
+    log). Blocking: call it in a thread."""
     with _lock:
-        pod = _pods.get(key)
-        if pod is not None and pod.alive:
-            return pod
+        fork_server = _fork_servers.get(key)
+        if fork_server is not None and fork_server.alive:
+            return fork_server
         if key in _broken:
             return None
-        if pod is not None:
-            log.warning("sandbox_pod_restarted", pid=pod.proc.pid, detail="the sandbox pod had ended; a new one "
-                        "starts (the sandboxes it held ended with it)" + _tail(pod.stderr_tail))
-        pod = SandboxPod(key)
-        failure = pod.probe(env)
+        if fork_server is not None:
+            log.warning("fork_server_restarted", pid=fork_server.proc.pid, detail="the fork server had ended; a new "
+                        "one starts (the sandboxes it held ended with it)" + _tail(fork_server.stderr_tail))
+        fork_server = ForkServer(key)
+        failure = fork_server.probe(env)
         if failure is not None:
-            pod.close()
+            fork_server.close()
             _broken[key] = failure
-            log.warning("sandbox_pod_unusable", detail="local sandboxes start one bwrap each (~30 ms of CPU, not ~3):"
-                        f" the sandbox pod does not work here: {failure}")
+            log.warning("fork_server_unusable", detail="local sandboxes start one bwrap each (~30 ms of CPU, not ~3):"
+                        f" the fork server does not work here: {failure}")
             return None
-        _pods[key] = pod
-        log.info("sandbox_pod_started", pid=pod.proc.pid, sandboxes=str(key.sandboxes))
-        return pod
+        _fork_servers[key] = fork_server
+        log.info("fork_server_started", pid=fork_server.proc.pid, sandboxes=str(key.sandboxes))
+        return fork_server
 
 
 @atexit.register
-def _close_pods() -> None:
-    for pod in list(_pods.values()):
-        pod.close()
+def _close_fork_servers() -> None:
+    for fork_server in list(_fork_servers.values()):
+        fork_server.close()

@@ -1,34 +1,35 @@
-"""The sandbox pod: one process per worker process that forks every local sandbox of that worker.
+"""The fork server: one process per worker process that forks every local sandbox of that worker.
 
-It runs INSIDE bubblewrap (started by pod.py as `python3 -I -S -c BOOT CONTROL_FD CONFIG`, this source and the
+It runs INSIDE bubblewrap (started by fork_server.py as `python3 -I -S -c BOOT CONTROL_FD CONFIG`, this source and the
 supervisor's on its stdin, so that a sandbox's `ps` shows a short command line for its pid 1),
 in a user namespace of its own where it keeps its capabilities. Per sandbox it forks a child that joins the
 sandbox's pids cgroup and unshares every namespace (mount, pid, network, ipc, uts, cgroup); the child's own child
 is the sandbox's pid 1: it builds the sandbox's root as bwrap would (a tmpfs of its own, the host's dirs read-only,
 the workspace as an overlay over the task's git snapshot, its own /tmp, HOME and state dir, a fresh /proc, /dev/shm
-and /dev/pts), pivots into it (the pod's views of every other sandbox are left behind), applies the limits, drops
-every capability for good (no_new_privs) and becomes the supervisor (supervisor.py, already loaded here) on the pipes
-the worker passed in. A start costs two forks and a few dozen syscalls instead of a bwrap, a shell, `mount` and a
+and /dev/pts), pivots into it (the fork server's views of every other sandbox are left behind), applies the limits,
+drops every capability for good (no_new_privs) and becomes the supervisor (supervisor.py, already loaded here) on the
+pipes the worker passed in. A start costs two forks and a few dozen syscalls instead of a bwrap, a shell, `mount` and a
 Python interpreter per sandbox (~3 ms against ~30 ms of CPU).
 
 Like the supervisor it uses the standard library alone and runs on the host's python3 (>= 3.7). It never runs
 anything from a sandbox: what it reads is the worker's control socket, which no sandbox can reach (its children
 close every descriptor but their own pipes before the supervisor starts).
 
-CPU priority: the pod runs `nice` steps below the worker (CONFIG's "nice"), and every sandbox is a fork of it. No
-sandbox, and no command in one, starts a session of its own (process groups instead): the kernel schedules each
+CPU priority: the fork server runs `nice` steps below the worker (CONFIG's "nice"), and every sandbox is a fork of it.
+No sandbox, and no command in one, starts a session of its own (process groups instead): the kernel schedules each
 session as an autogroup with the weight of a whole process, so 256 sandboxes as 256 sessions would outweigh the
-worker, the scheduler and the driver 256 to 1. The pod's own session (bwrap --new-session) is one autogroup for all
-its sandboxes, set to the same nice.
+worker, the scheduler and the driver 256 to 1. The fork server's own session (bwrap --new-session) is one autogroup for
+all its sandboxes, set to the same nice.
 
 Control protocol (a SOCK_SEQPACKET socket, one JSON object per message):
-  worker → pod   {"op": "start", "name", "dir", "lower", "workdir", "env", "as_bytes", "nproc", "cgroup"}
-                 (dir: the sandbox's dir under sandboxes/, lower: the overlay's lower dir under POD_DIR, cgroup:
+  worker → fork server   {"op": "start", "name", "dir", "lower", "workdir", "env", "as_bytes", "nproc", "cgroup"}
+                 (dir: the sandbox's dir under sandboxes/, lower: the overlay's lower dir under FORK_SERVER_DIR, cgroup:
                  its pids cgroup under cgroup/ or "", as_bytes and nproc: RLIMIT_AS and RLIMIT_NPROC or 0)
                  with two pipe ends attached (SCM_RIGHTS): the supervisor's stdin and stdout
                  {"op": "kill", "name"}                       end that sandbox now (its pid namespace)
-  pod → worker   {"op": "ended", "name"}                      the sandbox's pid 1 is gone, and every process with it
-End of file on the control socket (the worker is gone) ends every sandbox and the pod.
+  fork server → worker   {"op": "ended", "name"}                      the sandbox's pid 1 is gone, and every process
+  with it
+End of file on the control socket (the worker is gone) ends every sandbox and the fork server.
 """
 
 import array
@@ -44,11 +45,12 @@ import socket
 import struct
 import sys
 
-POD_DIR = "/run/uni-agent-pod"  # inside the pod: the sandboxes' dirs, the task snapshots and the pids cgroups
+# Inside the fork server: the sandboxes' dirs, the task snapshots and the pids cgroups.
+FORK_SERVER_DIR = "/run/uni-agent-fork-server"
 STATE_DIR = "/run/uni-agent"
 PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")  # read-only in every sandbox's /proc
-NEW_ROOT = POD_DIR + "/root"  # where a sandbox's root is built, in its own mount namespace, before pivot_root
-OWN_DIRS = ("proc", "tmp", "root", "run")  # the pod's are not bound: each sandbox gets its own
+NEW_ROOT = FORK_SERVER_DIR + "/root"  # where a sandbox's root is built, in its own mount namespace, before pivot_root
+OWN_DIRS = ("proc", "tmp", "root", "run")  # the fork server's are not bound: each sandbox gets its own
 AUTOGROUP_RETRY_MS = 110  # the kernel takes one unprivileged autogroup change per 100 ms, machine-wide
 AUTOGROUP_TRIES = 100
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine, 155)
@@ -113,12 +115,12 @@ def _plain_name(name):
 
 def _become_sandbox(config, request, stdin_fd, stdout_fd):
     """In the sandbox's pid 1 (all namespaces new): build its root, limit it, drop privileges."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here shows in the pod, nor the other way
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here shows in the fork server, nor the other way
     _build_root(config, request)
     _loopback_up()
     os.chdir(NEW_ROOT)
-    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")  # the pod's root now lies under the new one
-    _check(libc.umount2(b".", MNT_DETACH), "unmount the pod's root")  # and is gone, with every view of the pod
+    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")  # the fork server's root now lies under the new one
+    _check(libc.umount2(b".", MNT_DETACH), "unmount the fork server's root")  # gone, with every view of the server
     os.chdir("/")
     _remount_read_only("/dev")
     if request.get("as_bytes"):
@@ -131,15 +133,15 @@ def _become_sandbox(config, request, stdin_fd, stdout_fd):
     _drop_capabilities()
     os.dup2(stdin_fd, 0)
     os.dup2(stdout_fd, 1)
-    os.closerange(3, 1 << 16)  # above all the pod's control socket: a sandbox must never reach it
+    os.closerange(3, 1 << 16)  # above all the fork server's control socket: a sandbox must never reach it
 
 
 def _build_root(config, request):
     """The sandbox's root at NEW_ROOT, as bwrap builds one: a tmpfs of its own (writable; gone with the sandbox) with
-    the pod's top-level dirs bound read-only (/usr, /etc, the Python's dirs), its own /tmp, HOME and state dir, the
-    workspace (an overlay over the task's snapshot) at workdir, a fresh /proc, /dev/shm and /dev/pts."""
-    here = os.path.join(POD_DIR, "sandboxes", _plain_name(request["dir"]))
-    lower = os.path.join(POD_DIR, *[_plain_name(part) for part in request["lower"].split("/")])
+    the fork server's top-level dirs bound read-only (/usr, /etc, the Python's dirs), its own /tmp, HOME and state dir,
+    the workspace (an overlay over the task's snapshot) at workdir, a fresh /proc, /dev/shm and /dev/pts."""
+    here = os.path.join(FORK_SERVER_DIR, "sandboxes", _plain_name(request["dir"]))
+    lower = os.path.join(FORK_SERVER_DIR, *[_plain_name(part) for part in request["lower"].split("/")])
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     for name in os.listdir("/"):
         source, target = "/" + name, os.path.join(NEW_ROOT, name)
@@ -165,7 +167,7 @@ def _build_root(config, request):
         inside = NEW_ROOT + path
         if not os.path.isdir(inside):
             os.makedirs(inside)  # in the sandbox's own /tmp or HOME
-        _mount(os.path.join(POD_DIR, "keep", str(index)), inside, None, MS_BIND | MS_REC)
+        _mount(os.path.join(FORK_SERVER_DIR, "keep", str(index)), inside, None, MS_BIND | MS_REC)
         _remount_read_only(inside)
     for path in config["hide"]:
         _mount("tmpfs", NEW_ROOT + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
@@ -196,7 +198,7 @@ def _sandbox_pid1(config, request, stdin_fd, stdout_fd, supervisor):
     try:
         _become_sandbox(config, request, stdin_fd, stdout_fd)
     except BaseException as exc:  # the worker reads this instead of the ready line
-        message = "error the sandbox pod could not set up the sandbox: %s: %s\n" % (type(exc).__name__, exc)
+        message = "error the fork server could not set up the sandbox: %s: %s\n" % (type(exc).__name__, exc)
         try:
             os.write(stdout_fd, message.encode())
         finally:
@@ -214,8 +216,8 @@ def _sandbox_pid1(config, request, stdin_fd, stdout_fd, supervisor):
 
 def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
     """Start one sandbox: (the child that makes it, the read end of the pipe on which that child says its pid 1's
-    pid, as the pod sees it, then exits; nothing comes if the sandbox could not be made). The pod does not wait for
-    it: the unshare (a network namespace takes milliseconds) runs beside the next start."""
+    pid, as the fork server sees it, then exits; nothing comes if the sandbox could not be made). The fork server does
+    not wait for it: the unshare (a network namespace takes milliseconds) runs beside the next start."""
     pid_r, pid_w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -223,7 +225,8 @@ def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
             os.close(pid_r)
             os.setpgid(0, 0)  # a group of its own, not a session: see "CPU priority" above
             if request.get("cgroup"):  # joined before anything of the sandbox runs: all of it counts
-                with open(os.path.join(POD_DIR, "cgroup", _plain_name(request["cgroup"]), "cgroup.procs"), "w") as f:
+                procs = os.path.join(FORK_SERVER_DIR, "cgroup", _plain_name(request["cgroup"]), "cgroup.procs")
+                with open(procs, "w") as f:
                     f.write("0")
             _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
                                 | CLONE_NEWCGROUP), "unshare")
@@ -234,7 +237,7 @@ def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
             os.write(pid_w, str(pid1).encode())
             os._exit(0)
         except BaseException as exc:
-            message = "error the sandbox pod could not start the sandbox: %s: %s\n" % (type(exc).__name__, exc)
+            message = "error the fork server could not start the sandbox: %s: %s\n" % (type(exc).__name__, exc)
             try:
                 os.write(stdout_fd, message.encode())
             finally:
@@ -243,7 +246,7 @@ def _fork_sandbox(config, request, stdin_fd, stdout_fd, supervisor):
     return child, pid_r
 
 
-class Pod:
+class ForkServerLoop:
     def __init__(self, config, control, supervisor):
         self.config = config
         self.control = control
@@ -382,12 +385,12 @@ def main(supervisor_source):
     config = json.loads(sys.argv[2])  # {"keep": [dirs bound again over /tmp, /root], "hide": [dirs under a tmpfs],
     #                                     "nice": cpu_nice}
     _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")  # the sandboxes' pid 1s stay ours
-    pod = Pod(config, control, supervisor)
+    fork_server = ForkServerLoop(config, control, supervisor)
     try:
-        pod.serve()
+        fork_server.serve()
     finally:
-        pod.end()
+        fork_server.end()
 
 
 if __name__ == "__main__":
-    main(SUPERVISOR_SOURCE)  # noqa: F821 - BOOT (pod.py) defines it
+    main(SUPERVISOR_SOURCE)  # noqa: F821 - BOOT (fork_server.py) defines it
