@@ -17,10 +17,7 @@ from typing import Any
 
 from .logs import keep_strangers_off_console
 
-# Set by the run's own LocalCluster for its worker processes: a Ctrl-C in the terminal reaches every process of the
-# foreground group, and the driver alone decides how the run stops (uni_agent.driver.interrupt). A worker that took
-# the SIGINT itself would die mid-call and print its traceback over the driver's one line.
-DRIVER_STOPS_ME = "UNI_AGENT_DRIVER_STOPS_WORKER"
+from .driver.interrupt import DRIVER_STOPS_ME
 
 # The modules the first rollout on a worker would import. Harness agents (uni_agent.harness) are left to first use:
 # few runs use them.

@@ -24,12 +24,14 @@ from distributed import Client, LocalCluster
 from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
-from ..worker_preload import DRIVER_STOPS_ME
+from .interrupt import DRIVER_STOPS_ME
 from .tls import client_security, local_security, scheduler_file_address
 
 SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
 LOCAL_SANDBOXES = 1024  # what a LocalCluster's workers declare: the agents' concurrency is the real bound
 WORKER_PRELOAD = "uni_agent.worker_preload"  # dask worker --preload: a worker imports the rollouts' modules at start
+# dask scheduler --preload: the GPU lease table and the page guard from the scheduler's start, before it serves a page
+SCHEDULER_PRELOAD = "uni_agent.scheduler_preload"
 
 
 @contextlib.asynccontextmanager
@@ -62,6 +64,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
             local_directory=str(dask_dir()),
             env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
+            scheduler_kwargs={"preload": [SCHEDULER_PRELOAD]},
         ))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny

@@ -21,6 +21,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+# Set by the run's own LocalCluster for its worker processes (uni_agent.worker_preload then ignores SIGINT there): a
+# Ctrl-C in the terminal reaches every process of the foreground group, and the driver alone decides how the run
+# stops. A worker that took the SIGINT itself would die mid-call and print its traceback over the driver's one line.
+DRIVER_STOPS_ME = "UNI_AGENT_DRIVER_STOPS_WORKER"
 
 
 class RunInterrupted(Exception):
