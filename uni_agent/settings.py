@@ -107,8 +107,8 @@ class RunSettings(BaseSettings):
     """llama_cpp: servers on the CPUs (on GPUs: engine_servers_per_gpu)"""
     engine_servers_per_gpu: int = Field(8, ge=1)
     """llama_cpp on GPUs: servers per GPU group, sharing its devices and its engine_parallel slots. Several beat one: a
-    server samples its slots one after another on one thread; 8 served best (cluster/servers_per_gpu.py). Each holds
-    its own copy of the weights: fewer for a large model"""
+    server samples its slots one after another on one thread; 8 served best with the grammar and as well as any
+    without it (cluster/servers_per_gpu.py, README). Each holds its own copy of the weights: fewer for a large model"""
     engine_threads: int | None = Field(None, ge=1)
     """llama_cpp: CPU threads per replica (null = all cores / replicas)"""
     engine_device: Literal["auto", "cpu", "gpu"] = "auto"
