@@ -27,11 +27,12 @@ from ..config import ConfigError
 from ..sandbox.userns import remove_tree
 from .interpreters import Interpreter, find_python
 from .isolation import StepDirs, step_argv, write_shim
-from .plan import CONDA_ROOT, EnvPlan, InstancePlan, requirements_text
+from .plan import CONDA_ROOT, ENV_PREFIX, EnvPlan, InstancePlan, requirements_text
 
 CACHE_SUBDIR = "swebench-envs"
 LOG_TAIL_CHARS = 3000
 GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
+TAGS_PER_FETCH = 500
 
 
 class BuildError(RuntimeError):
@@ -89,6 +90,13 @@ class GitSource:
                  f"updating the clone of {repo}")
         _git(["-C", str(dest), "fetch", "--quiet", str(source), commit], f"fetching {repo}@{commit[:12]}")
         _git(["-C", str(dest), "checkout", "--quiet", "--detach", "FETCH_HEAD"], f"checking out {commit[:12]}")
+        # The tags of its history, none newer (as the official images keep them): setuptools_scm and friends make
+        # the package's version from them (without, pytest calls itself 0.1.dev and refuses its own minversion).
+        tags = subprocess.run(["git", "--git-dir", str(source), "tag", "--merged", commit], capture_output=True,
+                              text=True, env={**os.environ, **GIT_ENV}).stdout.split()
+        for start in range(0, len(tags), TAGS_PER_FETCH):
+            refspecs = [f"refs/tags/{tag}:refs/tags/{tag}" for tag in tags[start:start + TAGS_PER_FETCH]]
+            _git(["-C", str(dest), "fetch", "--quiet", "--no-tags", str(source), *refspecs], f"fetching {repo}'s tags")
 
     def read(self, repo: str, commit: str, path: str) -> str | None:
         done = subprocess.run(["git", "--git-dir", str(self.git_dir(repo)), "show", f"{commit}:{path}"],
@@ -130,9 +138,41 @@ def interpreter_copy(root: Path, interpreter: Interpreter) -> str:
     return str(copy)
 
 
-def disk_usage(path: Path) -> int:
-    """Bytes of the files under `path`, each inode counted once."""
+def make_prefix(interpreter: Interpreter, interpreter_dir: str, prefix: Path) -> None:
+    """The environment as conda makes one: a whole Python installation of its own at ENV_PREFIX, not a venv (a venv
+    is lost through a symlink to its python, which tox-current-env makes: sphinx's tests then ran without pytest).
+    Hard links to the interpreter's files, except site-packages, which starts empty as a fresh conda environment's
+    does (the build script bootstraps pip with ensurepip; what was installed into the interpreter stays out), and
+    the scripts in bin/ that name the interpreter's python (rewritten, as new files, to name the environment's)."""
+    done = subprocess.run(["cp", "-al", f"{interpreter_dir}/.", str(prefix)], capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(prefix, ignore_errors=True)
+        shutil.copytree(interpreter_dir, prefix, symlinks=True)
+    minor = ".".join(interpreter.version.split(".")[:2])
+    site = prefix / "lib" / f"python{minor}" / "site-packages"
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    old_shebang = f"#!{interpreter.prefix}/bin/".encode()
+    for script in (prefix / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        with script.open("rb") as handle:
+            if handle.read(len(old_shebang)) != old_shebang:
+                continue
+        text = script.read_bytes().replace(old_shebang, f"#!{ENV_PREFIX}/bin/".encode(), 1)
+        fresh = script.with_name(f".{script.name}.new")
+        fresh.write_bytes(text)
+        fresh.chmod(script.stat().st_mode)
+        os.replace(fresh, script)  # a new inode: the interpreter's own file stays as it was
+
+
+def disk_usage(path: Path, shared_with: str | None = None) -> int:
+    """Bytes of the files under `path`, each inode counted once, leaving out those hard-linked from `shared_with`
+    (the interpreter, counted apart)."""
     seen, total = set(), 0
+    if shared_with:
+        for folder, _, files in os.walk(shared_with):
+            seen.update((info.st_dev, info.st_ino) for info in (os.lstat(os.path.join(folder, f)) for f in files))
     for folder, _, files in os.walk(path):
         for name in files:
             info = os.lstat(os.path.join(folder, name))
@@ -165,13 +205,14 @@ def build_env(plan: EnvPlan, source: GitSource, root: Path | None = None) -> Bui
     building = Path(tempfile.mkdtemp(prefix=f".{plan.key}-", dir=final.parent))
     try:
         write_shim(building / "miniconda3")
+        make_prefix(interpreter, interpreter_dir, building / "miniconda3" / ENV_PREFIX.removeprefix(CONDA_ROOT + "/"))
         scratch = building / "scratch"
         source.checkout(plan.repo, plan.setup_commit, scratch / "repo")
         requirements = None
         if plan.packages == "requirements.txt":
             requirements = requirements_text(lambda path: source.read(plan.repo, plan.setup_commit, path),
                                              plan.requirements_paths)
-        script = plan.build_script(requirements, interpreter.executable)
+        script = plan.build_script(requirements)
         (building / "build.sh").write_text(script)
         argv = step_argv(StepDirs(scratch / "repo", building / "miniconda3", scratch, root / "pip-cache"),
                          interpreter, interpreter_dir, script, throwaway_env=False)
@@ -182,7 +223,7 @@ def build_env(plan: EnvPlan, source: GitSource, root: Path | None = None) -> Bui
             mounts[interpreter.prefix] = interpreter_dir
         seconds = time.monotonic() - started
         record_of = {"plan": asdict(plan), "interpreter": asdict(interpreter), "seconds": round(seconds, 1),
-                     "disk_bytes": disk_usage(building / "miniconda3"), "mounts": mounts}
+                     "disk_bytes": disk_usage(building / "miniconda3", interpreter_dir), "mounts": mounts}
         (building / "env.json").write_text(json.dumps(record_of, indent=1))
         os.rename(building, final)
     except BaseException:

@@ -15,7 +15,7 @@ import argparse
 import copy
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,9 @@ def build_all(plan: Plan, source: GitSource, root: Path, jobs: int) -> tuple[dic
             say(f"{env.label}: building its environment (Python {env.python}, setup commit {env.setup_commit[:12]})")
             env_futures[key] = pool.submit(build_env, env, source, root)
         repo_futures: dict[int, Future[Built]] = {}
-        for key, future in env_futures.items():
+        keys = {future: key for key, future in env_futures.items()}
+        for future in as_completed(keys):  # each environment's line as soon as it is done
+            key = keys[future]
             try:
                 env_built = future.result()
             except (BuildError, ConfigError, OSError) as exc:

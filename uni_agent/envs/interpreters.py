@@ -1,8 +1,8 @@
 """Where a Python X.Y for an environment comes from: uv's managed Pythons, pyenv's, conda's, then PATH.
 
-An environment is a venv over one of these. Inside a sandbox the interpreter is mounted at the path it has here
-(`Interpreter.prefix`), so whatever it was built with (pyenv's and conda's name their own lib/ by absolute path)
-keeps working; a Python under /usr needs no mount, the sandbox sees /usr already.
+An environment is a copy of one of these installations (build.make_prefix). Inside a sandbox the interpreter is also
+mounted at the path it has here (`Interpreter.prefix`): pyenv's and conda's builds load their libpython from there by
+absolute path. A system Python (prefix /usr) is skipped: it is not an installation of its own that can be copied.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ def find_python(version: str) -> Interpreter:
                                ("PATH", _path(version))):
         for candidate in candidates:
             found = _probe(candidate, source)
-            if found is not None and _minor(found.version) == version:
+            # A system Python (under /usr) is not an installation of its own to copy into an environment
+            if found is not None and _minor(found.version) == version and found.needs_mount:
                 return found
     raise ConfigError(
         f"no Python {version} found (looked in uv's managed Pythons, pyenv's versions, conda's environments and "
-        f"PATH for python{version}); install one, e.g. `uv python install {version}` or `pyenv install {version}`, "
-        "then run `uni-agent envs build` again")
+        f"PATH for python{version}, system Pythons under /usr left out); install one, e.g. "
+        f"`uv python install {version}` or `pyenv install {version}`, then run `uni-agent envs build` again")
 
 
 def _minor(full: str) -> str:

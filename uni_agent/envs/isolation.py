@@ -87,10 +87,18 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
         bwrap += ["--ro-bind", interpreter_dir, interpreter.prefix]
     bwrap += ["--bind", str(conda_root), CONDA_ROOT, "--bind", str(dirs.repo), "/testbed",
               "--bind", str(dirs.pip_cache), PIP_CACHE_INSIDE, "--chdir", "/testbed"]
-    for key, value in {"PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                       "PIP_NO_INPUT": "1", "USER": "root"}.items():
+    for key, value in {**passed_through(), "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
+                       "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "USER": "root"}.items():
         bwrap += ["--setenv", key, value]
     return prefix + bwrap + ["bash", "--noprofile", "--norc", "-c", script]
+
+
+def passed_through() -> dict[str, str]:
+    """The builder's own settings for reaching the package index (pip's, a proxy's, a CA bundle's): a build needs
+    them as much as the builder's pip does."""
+    names = {"http_proxy", "https_proxy", "no_proxy", "all_proxy", "ssl_cert_file", "ssl_cert_dir",
+             "requests_ca_bundle", "curl_ca_bundle"}
+    return {k: v for k, v in os.environ.items() if k.startswith(("PIP_", "UV_")) or k.lower() in names}
 
 
 def overlay_possible() -> bool:

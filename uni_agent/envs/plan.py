@@ -33,6 +33,7 @@ SKIPPED_REQUIREMENT_PREFIXES = ("-e .", "#", ".[test")
 # Requirements the official harness replaces (yanked from PyPI): name → replacement, None to drop.
 REPLACED_REQUIREMENTS = {"types-pkg_resources": "types-setuptools"}
 ACTIVATE = f"source {CONDA_ROOT}/bin/activate && conda activate {ENV_NAME}"
+LAYOUT = 3  # how build.py lays an environment out; part of every key, so a new layout never reuses an old build
 
 
 @dataclass(frozen=True)
@@ -52,19 +53,19 @@ class EnvPlan:
     @property
     def key(self) -> str:
         """The cache directory's name: readable, and different whenever anything the build uses differs."""
-        digest = hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[:10]
+        what = json.dumps({**self.__dict__, "layout": LAYOUT}, sort_keys=True, default=list)
+        digest = hashlib.sha256(what.encode()).hexdigest()[:10]
         return f"{self.repo.replace('/', '__')}-{self.version}-{digest}"
 
     @property
     def label(self) -> str:
         return f"{self.repo} {self.version}"
 
-    def build_script(self, requirements: str | None, python_executable: str) -> str:
-        """The bash script that makes the environment in the build sandbox (the repository at /testbed, the
-        environment's directory at CONDA_ROOT, the network on). `requirements`: the text of the requirements file
-        for `packages: requirements.txt` (written to REQUIREMENTS_FILE first)."""
-        lines = ["set -euxo pipefail", f"{shlex.quote(python_executable)} -m venv {ENV_PREFIX}", ACTIVATE,
-                 "cd /testbed"]
+    def build_script(self, requirements: str | None) -> str:
+        """The bash script that fills the environment (a copy of the interpreter at ENV_PREFIX, build.make_prefix)
+        in the build sandbox (the repository at /testbed, the environment at CONDA_ROOT, the network on).
+        `requirements`: the text of the requirements file for `packages: requirements.txt`."""
+        lines = ["set -euxo pipefail", ACTIVATE, "python -m ensurepip --default-pip", "cd /testbed"]
         if self.packages == "requirements.txt":
             if requirements is None:
                 raise ConfigError(f"{self.label}: packages: requirements.txt, but no requirements file was read")
