@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from ..episode.exit_reason import OLD_EXIT_REASONS, migrate_exit_reason
+from ..episode.exit_reason import OLD_EXIT_REASONS, ExitReason, migrate_exit_reason
 from ..episode.rollout import TOKEN_COLUMNS, RolloutResult
 from .spill import adopt, spill, spilled_files, write_part
 
@@ -75,16 +75,17 @@ class ResultStore:
 
     def done_keys(self, retry_infra: bool = False) -> set[tuple[str, int]]:
         """Keys already recorded. With `retry_infra`, rows whose failure_kind is infra do not count as done: they
-        run again, and the new row records the old ones in `attempts`."""
-        frame = self.read(columns=[*KEY, "failure_kind"] if retry_infra else KEY)
+        run again, and the new row records the old ones in `attempts`. An engine outage's rows (engine_down) run
+        again without it."""
+        frame = self.read(columns=[*KEY, "failure_kind", "exit_reason"])
         keys = list(zip(frame["instance_id"], frame["rollout"].astype(int), strict=True))
-        if not retry_infra:
-            return set(keys)
-        infra = set(k for k, kind in zip(keys, frame["failure_kind"], strict=True) if kind == "infra")
+        infra = set(k for k, kind, reason in zip(keys, frame["failure_kind"], frame["exit_reason"], strict=True)
+                    if kind == "infra" and (retry_infra or reason == ExitReason.ENGINE_DOWN))
         if infra:
             rows = self.read()
             for row in rows[rows["failure_kind"] == "infra"].to_dict("records"):
-                self.retrying[(row["instance_id"], int(row["rollout"]))] = _history(row)
+                if (key := (row["instance_id"], int(row["rollout"]))) in infra:
+                    self.retrying[key] = _history(row)
         return set(keys) - infra
 
     def add(self, result: RolloutResult) -> None:

@@ -30,7 +30,8 @@ from typing import Any
 
 import structlog
 
-from .placement import gpu_workers, place_replicas, release_replicas
+from .placement import gpu_workers, place_group_again, place_replicas, release_replicas
+from .replace import Placed, Replacement, least_held, start_pinned
 from ..sandbox.private_dir import ensure_private_dir
 from ..settings import RunSettings
 from . import Engines, new_api_key
@@ -184,6 +185,13 @@ def slots_per_server(group_slots: int, servers: int) -> int:
     return -(-group_slots // max(1, servers))
 
 
+async def cpu_workers(client: Any, settings: RunSettings, live: set[str]) -> set[str]:
+    """Where a CPU server may go: the live workers that declare no GPUs (all of them when every one does)."""
+    info = (await client.scheduler.identity(n_workers=-1))["workers"]
+    plain = {a for a in live if a in info and settings.gpu_resource_name not in (info[a].get("resources") or {})}
+    return plain or live
+
+
 async def on_gpus(client: Any, settings: RunSettings) -> bool:
     """engine_device: gpu, cpu, or auto (gpu when a worker declares the GPU resource)."""
     if settings.engine_device != "auto":
@@ -214,18 +222,38 @@ async def start_llama_cpp(client: Any, settings: RunSettings, log_dir: str) -> E
             threads = settings.engine_threads or max(1, (os.cpu_count() or 2) // replicas_n)
             workers = sorted((await client.scheduler.identity(n_workers=-1))["workers"])
             placed = [(i, workers[i % len(workers)], None) for i in range(replicas_n)]
-        for index, worker, devices in placed:
-            future = client.submit(
+        def submit(index: int, worker: str, devices: str | None) -> Any:
+            return client.submit(
                 LlamaServer, model_path, name, variant=variant, slots=slots, context_length=settings.context_length,
                 threads=threads, log_path=log_path(index), cuda_visible_devices=devices,
                 restart_on_crash=settings.engine_restart_on_crash, max_restarts=settings.engine_max_restarts,
                 restart_window=settings.engine_restart_window, api_key=engines.api_key,
                 slot_saving=settings.engine_share_prompt, actor=True,
                 workers=[worker], allow_other_workers=False, key=f"llama-server-{index}-{uuid.uuid4().hex[:8]}")
+
+        groups = [devices for _, _, devices in placed]  # each server's GPU group (None on the CPU)
+        regrouped: dict[tuple[str, str], Any] = {}
+
+        async def place_again(index: int, live: set[str]) -> Placed:
+            """Server `index` anew: on the GPU group that replaced its own, or on the CPU worker holding fewest."""
+            if gpu:
+                worker, groups[index] = await place_group_again(
+                    client, (engines.workers[index], str(groups[index])), regrouped, tp=settings.tp,
+                    resource=settings.gpu_resource_name)
+            else:
+                worker = least_held(await cpu_workers(client, settings, live), engines, index)
+            return await start_pinned(submit(index, worker, groups[index]), worker, settings.engine_start_timeout)
+
+        for index, worker, devices in placed:
+            future = submit(index, worker, devices)
             engines.futures.append(future)
+            engines.workers.append(worker)
             engines.actors.append(await future)
         for actor in engines.actors:
             engines.urls.append(await actor.start(settings.engine_start_timeout))
+        engines.replacement = Replacement(client, place_again, allowed=settings.engine_restart_on_crash,
+                                          max_restarts=settings.engine_max_restarts,
+                                          window=settings.engine_restart_window)
     except BaseException:
         await engines.stop()
         raise

@@ -20,6 +20,7 @@ uni_agent.driver.cluster. This module stays outside the driver because the engin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections import defaultdict
@@ -191,6 +192,24 @@ async def place_replicas(client: Any, *, tp: int, nnodes: int, n_gpus_per_node: 
         if not await client.run_on_scheduler(_leases_call, "claim", client.id, dict(claims)):
             return replicas
     raise PlacementError("could not lease GPUs: other drivers keep claiming the same devices")
+
+
+async def place_group_again(client: Any, lost: tuple[str, str], regrouped: dict[tuple[str, str], Any],
+                            *, tp: int, resource: str = "GPU") -> tuple[str, str]:
+    """A new GPU group (worker, CUDA_VISIBLE_DEVICES) for the servers of the group `lost` (its worker left): the
+    servers that shared it share the new one (`regrouped` holds its placement, which they await together).
+    PlacementError while no GPU worker has `tp` free devices (the lost worker's leases went with it)."""
+    async def place() -> tuple[str, str]:
+        [replica] = await place_replicas(client, tp=tp, nnodes=1, n_gpus_per_node=tp, resource=resource)
+        return replica.worker, replica.cuda_visible_devices
+
+    if lost not in regrouped:
+        regrouped[lost] = asyncio.ensure_future(place())
+    try:
+        return await asyncio.shield(regrouped[lost])
+    except PlacementError:
+        regrouped.pop(lost, None)  # asked again at the next poll
+        raise
 
 
 async def release_replicas(client: Any) -> None:

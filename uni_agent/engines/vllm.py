@@ -25,7 +25,8 @@ from typing import Any
 import structlog
 
 from ..current_worker import worker_address
-from .placement import place_replicas, release_replicas
+from .placement import place_group_again, place_replicas, release_replicas
+from .replace import Placed, Replacement, start_pinned
 from ..settings import RunSettings
 from . import Engines, new_api_key
 from .server import ServerActor
@@ -92,18 +93,33 @@ async def start_vllm(client: Any, settings: RunSettings, log_dir: str) -> Engine
         "extra_args": settings.vllm_extra_args,
     }
     engines = Engines(urls=[], model_name=name, api_key=new_api_key(), cleanups=[lambda: release_replicas(client)])
+    devices = [r.cuda_visible_devices for r in replicas]
+    regrouped: dict[tuple[str, str], Any] = {}
+
+    def submit(index: int, worker: str) -> Any:
+        log_path = str(Path(log_dir).resolve() / f"engine-{index}.log")
+        return client.submit(VllmServer, command_args, devices[index], log_path, settings.engine_restart_on_crash,
+                             settings.engine_max_restarts, settings.engine_restart_window, api_key=engines.api_key,
+                             actor=True, workers=[worker], allow_other_workers=False,
+                             key=f"vllm-server-{index}-{uuid.uuid4().hex[:8]}")
+
+    async def place_again(index: int, live: set[str]) -> Placed:
+        """Replica `index` anew on free GPUs (PlacementError, asked again later, while no GPU worker has room)."""
+        worker, devices[index] = await place_group_again(client, (engines.workers[index], devices[index]), regrouped,
+                                                         tp=settings.tp, resource=settings.gpu_resource_name)
+        return await start_pinned(submit(index, worker), worker, settings.engine_start_timeout)
+
     try:
         for replica in replicas:
-            log_path = str(Path(log_dir).resolve() / f"engine-{replica.index}.log")
-            future = client.submit(VllmServer, command_args, replica.cuda_visible_devices, log_path,
-                                   settings.engine_restart_on_crash, settings.engine_max_restarts,
-                                   settings.engine_restart_window, api_key=engines.api_key, actor=True,
-                                   workers=[replica.worker], allow_other_workers=False,
-                                   key=f"vllm-server-{replica.index}-{uuid.uuid4().hex[:8]}")
+            future = submit(replica.index, replica.worker)
             engines.futures.append(future)
+            engines.workers.append(replica.worker)
             engines.actors.append(await future)
         # vLLM takes minutes to load a model: start every replica at once.
         engines.urls = list(await asyncio.gather(*(a.start(settings.engine_start_timeout) for a in engines.actors)))
+        engines.replacement = Replacement(client, place_again, allowed=settings.engine_restart_on_crash,
+                                          max_restarts=settings.engine_max_restarts,
+                                          window=settings.engine_restart_window)
     except BaseException:
         await engines.stop()
         raise

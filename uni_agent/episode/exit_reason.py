@@ -18,6 +18,9 @@ class ExitReason(StrEnum):
     WALL_CLOCK = "wall_clock"  # past interaction.episode_timeout (or the sandbox's deployment_timeout)
     PROGRAM_FAILED = "program_failed"  # a harness program (uni_agent.harness) exited with a non-zero code
     ERROR = "error"  # the sandbox, the LLM endpoint or the loop itself failed (failures.py says which)
+    # The episode ran out of wall-clock time while every engine it could call was down (failures.py): the outage's
+    # time, not the model's; an infra row that a rerun runs again
+    ENGINE_DOWN = "engine_down"
 
 
 EXIT_REASONS: tuple[str, ...] = tuple(reason.value for reason in ExitReason)

@@ -1,6 +1,7 @@
 """Whose failure a rollout is: `none` (resolved), `model` (it ran out of turns, context or time, or its answer was
-wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader failed). An infra row is not a model
-result: the summary counts it apart, and `--retry-errors` runs it again.
+wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader failed; or its wall clock ran out while
+every engine was down: exit reason engine_down). An infra row is not a model result: the summary counts it apart,
+and `--retry-errors` runs it again (an engine_down row runs again without it).
 
 The agent loop knows which part failed (it catches the exception) and calls `infra`; `classify` settles the rest
 from the episode's end and the verification recorded on the row (called again once the grade is known)."""
@@ -11,6 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..grading.verification import NO_RESULT, VerificationStatus, stored_status
+from ..llm.outage import engine_outage_s
 from .exit_reason import ExitReason
 
 if TYPE_CHECKING:
@@ -25,6 +27,14 @@ def infra(result: RolloutResult, part: str, error: str) -> None:
 def classify(result: RolloutResult) -> None:
     """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
     if result.failure_kind == "infra":
+        return
+    if result.exit_reason == ExitReason.WALL_CLOCK and (down_s := engine_outage_s(result.started_at)) > 0:
+        # Its clock ran while no engine could answer it (a lost engine waited for, llm_waiting_for_endpoint): the
+        # time was the outage's, so the end is not the model's.
+        result.exit_reason = ExitReason.ENGINE_DOWN.value
+        result.error = f"every engine was down for {down_s:.0f} s of this episode, which then ran past its " \
+                       f"wall-clock budget ({result.error})"
+        infra(result, "llm", result.error)
         return
     verification = json.loads(result.verification or "{}")  # "{}" until graded
     verification_error = verification.get("error")

@@ -1,6 +1,8 @@
 """An OpenAI-compatible chat client: one POST per turn, transient faults retried with backoff (tenacity).
 
-With `token_capture` it also keeps each call's tokens exactly as the engine reports them (tokens.py)."""
+With `token_capture` it also keeps each call's tokens exactly as the engine reports them (tokens.py). The URL it is
+given names its engine: an engine placed again elsewhere is reached where it serves now (relocation.py), and the
+client reports its engine down and up again (outage.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from ..redact import redact
+from .outage import OUTAGES
+from .relocation import current_url, scope_of
 from .reply import (
     ChatReply,
     ContextLimitError,
@@ -52,7 +56,10 @@ class ChatClient:
         self.token_capture = token_capture
         # llama_server: send prompts as ids (tokens.llama_server_token_in) when the tools are in the prompt
         self.token_in = token_in
-        self.base_url = base_url.rstrip("/")
+        self.name = base_url.rstrip("/")  # the engine's first URL: base_url is where it serves now
+        self._scope = scope_of(api_key)
+        self._endpoint = (self._scope, self.name)
+        OUTAGES.opened(self, self._endpoint)
         self.model = model
         self.max_attempts = max_attempts
         self.retry_unreachable = retry_unreachable  # False when a router can send the request to another replica
@@ -68,14 +75,20 @@ class ChatClient:
         # 1.3-1.6 ms (same endpoint, same run, 100 in flight), most of the framework's CPU per turn.
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def base_url(self) -> str:
+        return current_url(self._scope, self.name)
+
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            OUTAGES.opened(self, self._endpoint)  # again, after an aclose
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=self._timeout,
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60))
         return self._session
 
     async def aclose(self) -> None:
+        OUTAGES.closed(id(self))
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -136,6 +149,20 @@ class ChatClient:
 
     async def request(self, path: str, body: dict[str, Any]) -> tuple[HttpAnswer, float]:
         """POST to `path` (under base_url, or absolute), transport and HTTP errors mapped to the LLMError kinds."""
+        try:
+            answer = await self._request(path, body)
+        except EndpointDownError:
+            OUTAGES.down(self._endpoint)
+            raise
+        except TransientLLMError:
+            raise
+        except LLMError:  # an answer: the endpoint is up
+            OUTAGES.up(self._endpoint)
+            raise
+        OUTAGES.up(self._endpoint)
+        return answer
+
+    async def _request(self, path: str, body: dict[str, Any]) -> tuple[HttpAnswer, float]:
         started = time.monotonic()
         try:
             response = await self.send(path, body)
