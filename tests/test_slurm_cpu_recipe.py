@@ -29,7 +29,7 @@ from distributed.security import Security
 from conftest import REPO_ROOT
 from slurm_fixture import LocalSlurm
 from test_slurm import assert_private_scratch
-from unprivileged import User, ensure_users, kill_processes_of, run_as, shared_dir
+from unprivileged import User, ensure_users, kill_processes_of, remove_users, run_as, shared_dir
 from uni_agent.engines import llama_build
 
 USERS = ("ua-slurm-user", "ua-slurm-stranger")
@@ -50,7 +50,10 @@ def slurm():
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
+        try:
+            cluster.stop()
+        finally:
+            remove_users(USERS)  # the users this module made (their processes, homes, private dirs)
 
 
 @pytest.fixture
