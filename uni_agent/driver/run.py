@@ -15,6 +15,8 @@ import json
 import sys
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import structlog
 
 from ..config import AgentConfigs
 from ..engines import EngineFailed
+from ..episode.exit_reason import ExitReason
 from ..episode.rollout import RolloutSpec
 from ..episode.trajectory import capture_note
 from ..llm import token_capture_for
@@ -43,6 +46,7 @@ from .summary import summarize
 __all__ = ["AgentWorkersLost", "EngineFailed", "ResultsNotWritten", "RunInterrupted", "RunOutcome", "run",
            "run_async"]
 log = structlog.get_logger("uni_agent.driver.run")
+OUTAGE_RERUNS = 2  # times a rollout that waited out an engine outage runs again within the run
 
 
 @dataclass
@@ -138,6 +142,20 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     return RunOutcome(results.reset_index(drop=True), summary, problems)
 
 
+def rerun_engine_outages(limit: int = OUTAGE_RERUNS) -> Callable[[RolloutSpec, Any], bool]:
+    """The dispatcher's review: a rollout that ran out of time while every engine was down (exit reason engine_down,
+    an infra row) runs again in this run, at most `limit` times, once an engine serves again (the engine watch
+    places a lost one elsewhere); an engine down for good ends the run instead (EngineFailed)."""
+    reruns: Counter[tuple[str, int]] = Counter()
+
+    def review(spec: RolloutSpec, result: Any) -> bool:
+        if result.exit_reason != ExitReason.ENGINE_DOWN or reruns[spec.key] >= limit:
+            return False
+        reruns[spec.key] += 1
+        return True
+    return review
+
+
 def _run_id(output_dir: Path) -> str:
     """One run id per output dir, so a resumed run keeps its id: the one in run.json, else a new one."""
     marker = output_dir / "run.json"
@@ -153,6 +171,7 @@ async def _run_rollouts(todo: list[RolloutSpec], settings: RunSettings, store: R
         engines, dispatcher = session.engines, session.dispatcher
         assert engines is not None and dispatcher is not None
         manifest.note(engines=session.engine_versions, model_name=engines.model_name)
+        dispatcher.review = rerun_engine_outages()
         # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
         await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
             dispatcher.run_id, level, message))
