@@ -11,6 +11,7 @@ import yaml
 
 from conftest import AGENT_CONFIG, REPO_ROOT, assistant_turns
 from uni_agent.episode.agent_loop import UniAgentLoop, first_request
+from uni_agent.episode.envelope import run_episode
 from uni_agent.config import deep_merge, validate_agent
 from uni_agent.episode.exit_reason import ExitReason
 from uni_agent.grading import Verification
@@ -47,8 +48,8 @@ def _run(policy, sandbox, agent=None, *, spec=None, **loop_args):
         with ScriptedLLM(policy) as server:
             client = ChatClient(server.base_url, "scripted", max_attempts=1)
             try:
-                loop = UniAgentLoop(agent, client, events.append, **{"open_sandbox": opener(sandbox), **loop_args})
-                return await loop.run(spec or _spec(agent), worker="w1")
+                return await run_episode(UniAgentLoop(agent), spec or _spec(agent), client, emit=events.append,
+                                         worker="w1", **{"open_sandbox": opener(sandbox), **loop_args})
             finally:
                 await client.aclose()
 
@@ -67,11 +68,12 @@ def test_submit_ends_the_episode_as_submitted_and_keeps_the_patch():
 
     result, events = _run(policy, sandbox)
     assert result.exit_reason == ExitReason.SUBMITTED == "submitted" and result.error is None
-    assert type(result.exit_reason) is str  # a plain string for Parquet and the events
+    assert type(result.row()["exit_reason"]) is str  # a plain string for Parquet (and the events)
+    assert all(type(e["state"]) is str for e in events)
     assert result.num_turns == 2 and result.patch == PATCH and result.failure_cause == "not verified"
     assert sandbox.name == "task-r0" and sandbox.closed
     assert sandbox.commands[0] == "echo hello" and "git diff --cached" in sandbox.commands[-1]
-    messages = json.loads(result.messages)
+    messages = result.messages
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "tool"]
     assert messages[2]["content"] == "hello\n[exit code: 0]"
     assert [e["state"] for e in events] == ["starting_sandbox", "running", "running"]
@@ -91,7 +93,7 @@ def test_too_many_command_timeouts_end_as_command_timeouts():
     assert result.exit_reason == ExitReason.COMMAND_TIMEOUTS
     assert result.error == "more than 1 command timeouts" and result.num_turns == 2
     assert result.failure_kind == "model" and result.failure_cause == "command_timeouts"
-    assert "killed because it ran longer than 0.05 seconds" in json.loads(result.messages)[-1]["content"]
+    assert "killed because it ran longer than 0.05 seconds" in result.messages[-1]["content"]
 
 
 def test_a_timeout_within_the_budget_lets_the_episode_go_on():
@@ -136,8 +138,8 @@ def test_a_sandbox_that_does_not_open_ends_as_an_infra_error():
     events = []
 
     async def main():
-        return await UniAgentLoop(agent, ChatClient("http://127.0.0.1:9/v1", "none"), events.append,
-                                  open_sandbox=broken).run(_spec(agent))
+        return await run_episode(UniAgentLoop(agent), _spec(agent), ChatClient("http://127.0.0.1:9/v1", "none"),
+                                 emit=events.append, open_sandbox=broken)
 
     result = asyncio.run(main())
     assert result.exit_reason == ExitReason.ERROR and result.num_turns == 0
@@ -182,8 +184,8 @@ def test_a_rollout_cancelled_while_its_sandbox_starts_closes_it():
     async def main():
         with ScriptedLLM(lambda body: bash("ls"), delay_s=0.1) as server:
             client = ChatClient(server.base_url, "scripted", max_attempts=1)
-            loop = UniAgentLoop(agent, client, open_sandbox=_started_by_start_sandbox(sandbox))
-            rollout = asyncio.ensure_future(loop.run(_spec(agent)))
+            rollout = asyncio.ensure_future(run_episode(UniAgentLoop(agent), _spec(agent), client,
+                                                        open_sandbox=_started_by_start_sandbox(sandbox)))
             await asyncio.sleep(0.5)  # the first reply has come; the rollout waits for the start
             rollout.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -205,7 +207,7 @@ def test_a_start_failing_during_the_first_call_ends_at_once_as_a_sandbox_error()
         with ScriptedLLM(lambda body: bash("ls"), delay_s=3.0) as server:
             client = ChatClient(server.base_url, "scripted", max_attempts=1)
             try:
-                return await UniAgentLoop(agent, client, open_sandbox=broken).run(_spec(agent))
+                return await run_episode(UniAgentLoop(agent), _spec(agent), client, open_sandbox=broken)
             finally:
                 await client.aclose()
 
@@ -237,7 +239,7 @@ def test_malformed_calls_are_observations_and_no_call_gets_a_hint():
         return tool_call_message("submit", {})
 
     result, _ = _run(policy, FakeSandbox())
-    messages = json.loads(result.messages)
+    messages = result.messages
     assert result.exit_reason == ExitReason.SUBMITTED and result.num_turns == 3
     assert messages[2]["role"] == "tool" and "Error in your tool call" in messages[2]["content"]
     assert messages[4]["role"] == "user" and "contained no tool call" in messages[4]["content"]
@@ -276,9 +278,9 @@ def test_mask_abnormal_exit_masks_every_end_but_submit():
 
 
 def test_with_a_sandbox_closer_the_result_returns_before_the_close_and_the_worker_waits_for_it(tmp_path):
-    """An agent worker hands each finished rollout's sandbox to agent_loop.sandbox_closer: the result (patch taken)
+    """An agent worker hands each finished rollout's sandbox to envelope.sandbox_closer: the result (patch taken)
     comes back without waiting for the close, and the worker's own close waits for every sandbox still closing."""
-    from uni_agent.episode.agent_loop import sandbox_closer
+    from uni_agent.episode.envelope import sandbox_closer
     from uni_agent.episode.worker import AgentWorker
 
     class SlowToClose(FakeSandbox):
@@ -294,7 +296,7 @@ def test_with_a_sandbox_closer_the_result_returns_before_the_close_and_the_worke
         with ScriptedLLM(lambda body: tool_call_message("submit", {})) as server:
             client = ChatClient(server.base_url, "scripted", max_attempts=1)
             sandbox_closer.set(worker._close_later)  # as run_rollout sets it for each rollout's task
-            result = await UniAgentLoop(agent, client, open_sandbox=opener(sandbox)).run(_spec(agent))
+            result = await run_episode(UniAgentLoop(agent), _spec(agent), client, open_sandbox=opener(sandbox))
             await client.aclose()
         closed_when_returned = sandbox.closed
         await worker.close()

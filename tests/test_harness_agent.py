@@ -18,6 +18,7 @@ from test_sandbox_local import processes_with
 
 from uni_agent.config import AgentConfig
 from uni_agent.episode.rollout import RolloutResult, RolloutSpec
+from uni_agent.episode.envelope import run_episode
 from uni_agent.harness import HarnessAgent
 from uni_agent.harness.gateway import Gateway
 from uni_agent.llm import ChatClient
@@ -49,7 +50,7 @@ def run_harness(policy: Callable[[dict[str, Any]], Any], agent: AgentConfig) -> 
         client = ChatClient(engine.base_url, "scripted", REAL_KEY, max_attempts=1)
         gateway = await Gateway().start()
         try:
-            return await HarnessAgent(agent, client, gateway=gateway).run(spec(agent), worker="w")
+            return await run_episode(HarnessAgent(agent, gateway=gateway), spec(agent), client, worker="w")
         finally:
             await gateway.close()
             await client.aclose()
@@ -73,12 +74,12 @@ def test_the_example_program_solves_a_task_through_the_gateway() -> None:
     result, engine = run_harness(solver, agent_config())
     assert result.exit_reason == "submitted" and result.error is None, result.error
     assert "diff --git" in result.patch and result.num_turns == 3 == engine.num_requests
-    harness = json.loads(result.harness)
+    harness = result.harness
     assert harness["exit_code"] == 0 and "submitted" in harness["output_tail"] and harness["calls"] == 3
-    messages = json.loads(result.messages)
+    messages = result.messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert "[exit code: 0]" in messages[5]["content"]
-    assert [c["calls"] for c in json.loads(result.chains)] == [3]
+    assert [c["calls"] for c in result.chains] == [3]
     assert result.failure_kind == "none" and result.sandbox_start_s > 0
 
 
@@ -89,7 +90,7 @@ def test_the_run_s_key_never_enters_the_sandbox() -> None:
             f"grep -rlsa -- '{REAL_KEY}' /proc/[0-9]*/environ /run/uni-agent /tmp /testbed; "
             "python3 /opt/example/agent.py")
     result, engine = run_harness(lambda body: tool_call_message("submit", {}), agent_config(look))
-    tail = json.loads(result.harness)["output_tail"]
+    tail = result.harness["output_tail"]
     assert "OPENAI_API_KEY=ua-" in tail and "OPENAI_BASE_URL=http://127.0.0.1:" in tail
     assert REAL_KEY not in tail and result.exit_reason == "submitted", tail
     assert engine.requests[0]["_headers"]["Authorization"] == f"Bearer {REAL_KEY}"
@@ -100,7 +101,7 @@ def test_a_program_that_never_exits_is_ended_at_its_wall_clock() -> None:
     started = time.monotonic()
     result, _ = run_harness(solver, agent_config(f"sleep {marker}; echo never", timeout=3))
     assert result.exit_reason == "wall_clock" and time.monotonic() - started < 20
-    harness = json.loads(result.harness)
+    harness = result.harness
     assert harness["timed_out"] and harness["exit_code"] is None
     assert result.failure_kind == "model" and result.failure_cause == "wall_clock"
     assert processes_with(f"sleep\0{marker}".encode()) == []  # the sandbox is closed and nothing of it runs
@@ -109,7 +110,7 @@ def test_a_program_that_never_exits_is_ended_at_its_wall_clock() -> None:
 def test_a_crash_is_a_row_with_its_exit_code_and_output_tail() -> None:
     result, _ = run_harness(solver, agent_config("echo working; echo 'Traceback: boom' >&2; exit 3"))
     assert result.exit_reason == "program_failed" and "code 3" in result.error
-    harness = json.loads(result.harness)
+    harness = result.harness
     assert harness["exit_code"] == 3 and "Traceback: boom" in harness["output_tail"]
     assert result.failure_kind == "model"
 
@@ -125,7 +126,7 @@ def test_a_call_over_the_budget_gets_an_error_and_ends_the_episode() -> None:
     result, engine = run_harness(lambda body: tool_call_message("bash", {"command": "echo step"}),
                                  agent_config(max_calls=2))
     assert result.exit_reason == "max_turns" and engine.num_requests == 2 and result.num_turns == 2
-    harness = json.loads(result.harness)
+    harness = result.harness
     assert harness["refused_calls"] == 1 and "HTTP 403" in harness["output_tail"] and harness["exit_code"] == 2
 
 
@@ -138,7 +139,7 @@ def test_a_program_that_ignores_the_end_is_stopped_after_its_grace() -> None:
     result, engine = run_harness(lambda body: {"role": "assistant", "content": "ok"},
                                  agent_config(keep_calling, max_calls=1, end_grace_s=1, timeout=60))
     assert result.exit_reason == "max_turns" and time.monotonic() - started < 30
-    assert json.loads(result.harness)["stopped"] and engine.num_requests == 1
+    assert result.harness["stopped"] and engine.num_requests == 1
 
 
 def test_a_program_that_cuts_its_history_yields_two_chains() -> None:
@@ -149,7 +150,7 @@ def test_a_program_that_cuts_its_history_yields_two_chains() -> None:
         return tool_call_message("submit", {}) if len(calls) == 4 else tool_call_message("bash", {"command": "true"})
 
     result, _ = run_harness(policy, agent_config("python3 /opt/example/agent.py --keep-last 2"))
-    chains = json.loads(result.chains)
+    chains = result.chains
     assert calls == [2, 4, 4, 4] and result.exit_reason == "submitted"
     assert [(c["first_call"], c["calls"]) for c in chains] == [(1, 2), (3, 1), (4, 1)]
     assert chains[1]["reason"].startswith("history rewritten: message 2 (assistant)")

@@ -147,7 +147,7 @@ def test_a_call_over_the_budget_is_refused_and_ends_the_episode() -> None:
     statuses, lease, engine_calls = with_gateway(lambda b: {"role": "assistant", "content": "ok"}, body)
     assert [s for s, _ in statuses] == [200, 200, 403]
     assert statuses[2][1]["error"]["code"] == "budget_exceeded" and "2 model calls" in statuses[2][1]["error"]["message"]
-    assert lease.end == ExitReason.MAX_TURNS and lease.ended.is_set() and engine_calls == 2
+    assert lease.ending.reason == ExitReason.MAX_TURNS and lease.ended.is_set() and engine_calls == 2
 
 
 def test_a_token_reaches_only_its_own_rollout() -> None:
@@ -182,12 +182,12 @@ def test_a_rewritten_history_starts_a_new_chain_with_its_boundary_recorded() -> 
         return lease
 
     lease = with_gateway(lambda b: {"role": "assistant", "content": f"step {len(b['messages'])}"}, body)
-    result = RolloutResult(run_id="r", instance_id="i", rollout=0, data_source="d", agent_name="a", exit_reason="x")
+    result = RolloutResult(run_id="r", instance_id="i", rollout=0, data_source="d", agent_name="a", exit_reason="submitted")
     lease.calls.fill(result)
-    chains = json.loads(result.chains)
+    chains = result.chains
     assert [(c["first_call"], c["calls"]) for c in chains] == [(1, 3), (4, 2)]
     assert chains[1]["reason"].startswith("history rewritten: message 1 (user)")
-    messages = json.loads(result.messages)
+    messages = result.messages
     assert chains[1]["message_start"] == 7 and messages[7]["content"] == "s" and len(messages) == 7 + 5
     assert result.num_turns == 5
 

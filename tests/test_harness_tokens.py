@@ -21,6 +21,7 @@ from test_trajectory import _detokenize, _special, llama_server  # noqa: F401 - 
 
 from uni_agent.config import AgentConfig
 from uni_agent.episode.rollout import RolloutResult
+from uni_agent.episode.envelope import run_episode
 from uni_agent.harness import HarnessAgent
 from uni_agent.harness.gateway import Gateway
 from uni_agent.llm import ChatClient
@@ -58,7 +59,7 @@ def run_on_engine(url: str, agent: AgentConfig) -> RolloutResult:
                             sampling={"temperature": 0.8, "max_tokens": 48, "seed": 7})
         gateway = await Gateway().start()
         try:
-            return await HarnessAgent(agent, client, gateway=gateway).run(spec(agent))
+            return await run_episode(HarnessAgent(agent, gateway=gateway), spec(agent), client)
         finally:
             await gateway.close()
             await client.aclose()
@@ -94,9 +95,9 @@ def test_the_example_program_s_calls_are_one_chain_that_decodes_to_its_calls(lla
     assert result.num_turns >= 1 and result.exit_reason in ("submitted", "max_turns"), result.error
     check_aligned(result)
     assert result.token_drift is None, result.token_drift  # token-in: every call continued the last one exactly
-    chains = json.loads(result.chains)
+    chains = result.chains
     assert len(chains) == 1 and chains[0]["token_end"] == len(result.input_ids)
-    calls = [c for m in json.loads(result.messages) if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    calls = [c for m in result.messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
     end = _special(llama_server, "<|im_end|>")
     spans = sampled_spans(result)
     assert len(spans) == result.num_turns == len(calls)
@@ -113,7 +114,7 @@ def test_a_rewritten_history_starts_a_second_chain_on_the_real_engine(llama_serv
     result = run_on_engine(llama_server, agent_config("python3 /opt/prog/cutter.py", {"/opt/prog": str(tmp_path)}))
     assert result.exit_reason == "submitted" and result.num_turns == 3, (result.error, result.harness)
     check_aligned(result)
-    chains = json.loads(result.chains)
+    chains = result.chains
     assert [(c["first_call"], c["calls"]) for c in chains] == [(1, 2), (3, 1)]
     assert chains[1]["reason"].startswith("history rewritten: message 1 (user)")
     first, second = (result.input_ids[c["token_start"]:c["token_end"]] for c in chains)

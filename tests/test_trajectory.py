@@ -36,7 +36,7 @@ def test_sequence_appends_only_what_each_prompt_adds_and_masks_sampled_tokens():
     assert seq.input_ids == [1, 2, 3, 10, 11, 4, 5, 12, 6, 13, 14]
     assert seq.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
     assert seq.logprobs == [0, 0, 0, -0.5, -0.25, 0, 0, -1.0, 0, -0.1, -0.2]
-    assert seq.drift is None and seq.drift_json() is None
+    assert seq.drift is None
 
 
 def test_a_prompt_that_does_not_continue_the_sequence_is_drift_and_nothing_after_it_is_trained():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -18,7 +19,20 @@ import structlog
 from .current_worker import current_worker
 
 TOPIC = "uni-agent"
-STATES = ("queued", "starting_sandbox", "running", "verifying", "done", "failed")
+
+
+class RolloutState(StrEnum):
+    """Where a rollout is; its value is the event's `state` string."""
+
+    QUEUED = "queued"
+    STARTING_SANDBOX = "starting_sandbox"
+    RUNNING = "running"  # turn k of max
+    VERIFYING = "verifying"
+    DONE = "done"
+    FAILED = "failed"
+
+
+STATES: tuple[str, ...] = tuple(state.value for state in RolloutState)
 MAX_TRAJECTORY_CHARS = 200_000  # the detail view's copy; the full trajectory is in the Parquet results
 TURN_EVENTS_HOLD_S = 0.25  # how long a worker holds turn events to send them as one batch
 
@@ -26,9 +40,11 @@ Emit = Callable[[dict[str, Any]], None]
 log = structlog.get_logger("uni_agent.events")
 
 
-def rollout_event(run_id: str, instance_id: str, rollout: int, state: str, **fields: Any) -> dict[str, Any]:
-    return {"kind": "rollout", "run_id": run_id, "instance_id": instance_id, "rollout": rollout, "state": state,
-            "t": time.time(), **fields}
+def rollout_event(run_id: str, instance_id: str, rollout: int, state: RolloutState, **fields: Any) -> dict[str, Any]:
+    """One state change; every value a plain msgpack type (an enum goes as its string)."""
+    fields = {k: v.value if isinstance(v, StrEnum) else v for k, v in fields.items()}
+    return {"kind": "rollout", "run_id": run_id, "instance_id": instance_id, "rollout": rollout,
+            "state": RolloutState(state).value, "t": time.time(), **fields}
 
 
 def notice_event(run_id: str, level: str, message: str) -> dict[str, Any]:
@@ -77,7 +93,7 @@ class WorkerEvents:
         except RuntimeError:  # not on an event loop (a thread): nothing to hold it on
             loop = None
         self.held.append(msg)
-        if loop is None or msg.get("state") != "running":
+        if loop is None or msg.get("state") != RolloutState.RUNNING:
             self.flush()  # with what is held before it, as one message
         elif len(self.held) == 1:
             loop.call_later(self.hold_s, self.flush)

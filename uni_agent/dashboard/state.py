@@ -20,7 +20,6 @@ from collections import Counter, deque
 from typing import Any
 
 from ..events import STATES, unbatch
-from ..episode.exit_reason import migrate_exit_reason
 from .records import WINDOW_S, Key, Rollout, RunState, Totals, count_since, push_recent
 
 TERMINAL = frozenset({"done", "failed"})
@@ -126,7 +125,6 @@ class DashboardState:
 
     def _finish(self, run: RunState, r: Rollout, state: str, t: float, msg: dict[str, Any]) -> None:
         final = {k: msg.get(k) for k in FINAL_FIELDS}
-        final["exit_reason"] = migrate_exit_reason(final["exit_reason"], final["error"])  # an older worker's name
         reward = _float(final.get("reward")) or 0.0
         final["reward"] = reward
         r.final = final

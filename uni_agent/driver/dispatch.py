@@ -17,7 +17,10 @@ from typing import Any
 import structlog
 from distributed import Client
 
-from ..episode.failures import classify
+from ..episode.ending import Ending
+from ..episode.exit_reason import ExitReason
+from ..episode.failures import FailedPart
+from ..events import RolloutState
 from ..redact import redact
 from .results import ResultStore
 from ..episode.rollout import RolloutResult, RolloutSpec
@@ -119,10 +122,11 @@ class Dispatcher:
             except AgentWorkersLost:
                 self.policy.rollout_abandoned(spec.key)
                 self.not_run.append(spec)
-                self.events.state(spec, "failed", error="every agent worker was lost", exit_reason="error")
+                self.events.state(spec, RolloutState.FAILED, error="every agent worker was lost",
+                                  exit_reason=ExitReason.ERROR)
                 return None
             if self.settings.verify and not spec.grade_in_agent_sandbox:
-                self.events.state(spec, "verifying", worker=result.worker)
+                self.events.state(spec, RolloutState.VERIFYING, worker=result.worker)
                 await self._verify(spec, result)
         self.store.add(result)
         self._flush_later()
@@ -170,9 +174,9 @@ class Dispatcher:
         while True:
             step = self.policy.next_step(spec.key)
             if isinstance(step, GiveUp):
-                return RolloutResult(spec.run_id, spec.instance_id, spec.rollout, spec.data_source, spec.agent.name,
-                                     exit_reason="error", error=f"agent worker failed: {step.error}",
-                                     failure_kind="infra", failure_cause=f"worker: {step.error}"[:2000])
+                lost = RolloutResult.begin(spec, spec.agent.name, worker="")
+                lost.end(Ending(ExitReason.ERROR, f"agent worker failed: {step.error}", FailedPart.WORKER))
+                return lost
             if isinstance(step, NeedActor):
                 if not await self._replace(None):
                     raise AgentWorkersLost()
@@ -248,5 +252,4 @@ class Dispatcher:
             verification = Verification(status=VerificationStatus.ERROR, error=redact(f"{type(exc).__name__}: {exc}"))
         with contextlib.suppress(OSError):  # the whole test log beside the results; the row keeps its tail
             verification.keep_log(self.store.output_dir, f"{spec.instance_id}-r{spec.rollout}")
-        result.record(verification)
-        classify(result)  # a grader that could not run is an infra failure, a wrong answer the model's
+        result.record(verification)  # and classified: a grader that could not run is infra, a wrong answer the model's

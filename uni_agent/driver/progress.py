@@ -144,8 +144,9 @@ def final_fields(result: RolloutResult) -> dict[str, Any]:
         "reward", "resolved", "exit_reason", "num_turns", "prompt_tokens", "completion_tokens", "sandbox_start_s",
         "llm_s", "tools_s", "verify_s", "total_s", "worker", "error")}
     fields["error_kind"] = result.error.split(":", 1)[0] if result.error else None
-    fields["messages"] = clip_messages(result.messages, MAX_TRAJECTORY_CHARS)
-    fields["verification"] = result.verification[:MAX_TRAJECTORY_CHARS]
+    fields["messages"] = clip_messages(json.dumps(result.messages, ensure_ascii=False), MAX_TRAJECTORY_CHARS)
+    verification = "{}" if result.verification is None else result.verification.to_json()
+    fields["verification"] = verification[:MAX_TRAJECTORY_CHARS]
     return fields
 
 

@@ -3,12 +3,13 @@
 Each flush writes a new part file atomically (temp name, then rename), so a crash loses at most the unflushed
 results and never leaves a half-written file; a rerun reads the (instance_id, rollout) keys already present and
 skips them. A rollout run again (--retry-errors) is written first and its old row removed after (`supersede`), so a
-crash in between leaves two rows for a key, of which `read` keeps the newer one: a key never has two rows. Rows written
-by older versions read in today's names (`migrate_rows`)."""
+crash in between leaves two rows for a key, of which `read` keeps the newer one: a key never has two rows.
+
+The rows' columns are RESULT_SCHEMA, written out below: the project's public output (docs/outputs.md). A
+RolloutResult becomes a row here (`RolloutResult.row()`: enums as their strings, structured fields as JSON text)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -20,25 +21,37 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from ..episode.exit_reason import OLD_EXIT_REASONS, ExitReason, migrate_exit_reason
+from ..episode.exit_reason import ExitReason
+from ..episode.failures import FailureKind
 from ..episode.rollout import TOKEN_COLUMNS, RolloutResult
 from .spill import adopt, spill, spilled_files, write_part
 
 log = structlog.get_logger("uni_agent.driver.results")
 RETRY_S = 5.0  # a failed write is tried again after this long (sooner when the dispatcher asks)
 
-_ARROW_TYPES = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
-                "str | None": pa.string()}
-
-
-def _arrow_type(f: dataclasses.Field) -> pa.DataType:
-    # Token lists are narrow (int32 ids and masks, float32 logprobs): they are most of a row's bytes.
-    if f.name in TOKEN_COLUMNS:
-        return pa.list_(pa.from_numpy_dtype(TOKEN_COLUMNS[f.name]))
-    return _ARROW_TYPES[str(f.type)]
-
-
-RESULT_SCHEMA = pa.schema([pa.field(f.name, _arrow_type(f)) for f in dataclasses.fields(RolloutResult)])
+_TOKENS, _LOGPROBS = pa.list_(pa.int32()), pa.list_(pa.float32())  # narrow: most of a row's bytes
+RESULT_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("instance_id", pa.string()), ("rollout", pa.int64()), ("data_source", pa.string()),
+    ("agent_name", pa.string()),
+    ("exit_reason", pa.string()),  # an ExitReason's value
+    ("messages", pa.string()),  # JSON list: the whole conversation
+    ("patch", pa.string()), ("reward", pa.float64()), ("resolved", pa.bool_()),
+    ("masked", pa.bool_()), ("mask_reason", pa.string()),
+    ("failure_kind", pa.string()),  # a FailureKind's value
+    ("failure_cause", pa.string()),  # "<part>: <error>" for infra (a FailedPart's value first)
+    ("num_turns", pa.int64()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+    ("sandbox_start_s", pa.float64()), ("llm_s", pa.float64()), ("tools_s", pa.float64()), ("verify_s", pa.float64()),
+    ("total_s", pa.float64()),
+    ("verification", pa.string()),  # JSON object: the Verification ("{}" when not graded)
+    ("error", pa.string()), ("worker", pa.string()), ("started_at", pa.float64()), ("finished_at", pa.float64()),
+    ("input_ids", _TOKENS), ("loss_mask", _TOKENS), ("logprobs", _LOGPROBS),
+    ("token_source", pa.string()), ("tokens_missing", pa.string()),
+    ("token_drift", pa.string()),  # JSON object or null
+    ("token_versions", _TOKENS), ("version_min", pa.int64()), ("version_max", pa.int64()), ("step", pa.int64()),
+    ("policy_version", pa.int64()), ("staleness_action", pa.string()), ("stale_restarts", pa.int64()),
+    ("attempts", pa.string()),  # JSON list of the rows this one replaced
+    ("chains", pa.string()), ("harness", pa.string()),  # JSON, harness rows only
+])
 KEY = ["instance_id", "rollout"]
 
 
@@ -80,17 +93,17 @@ class ResultStore:
         frame = self.read(columns=[*KEY, "failure_kind", "exit_reason"])
         keys = list(zip(frame["instance_id"], frame["rollout"].astype(int), strict=True))
         infra = set(k for k, kind, reason in zip(keys, frame["failure_kind"], frame["exit_reason"], strict=True)
-                    if kind == "infra" and (retry_infra or reason == ExitReason.ENGINE_DOWN))
+                    if kind == FailureKind.INFRA and (retry_infra or reason == ExitReason.ENGINE_DOWN))
         if infra:
             rows = self.read()
-            for row in rows[rows["failure_kind"] == "infra"].to_dict("records"):
+            for row in rows[rows["failure_kind"] == FailureKind.INFRA].to_dict("records"):
                 if (key := (row["instance_id"], int(row["rollout"]))) in infra:
                     self.retrying[key] = _history(row)
         return set(keys) - infra
 
     def add(self, result: RolloutResult) -> None:
         if result.key in self.retrying:
-            result.attempts = json.dumps(self.retrying[result.key], ensure_ascii=False, default=str)
+            result.attempts = self.retrying[result.key]
         self._buffer.append(result.row())
         now = time.monotonic()
         if self.flush_due() and now - self._flushed_at >= self.flush_s and now >= self._retry_at:
@@ -170,19 +183,17 @@ class ResultStore:
 
     def read(self, columns: list[str] | None = None) -> pd.DataFrame:
         """Every rollout's row, one per key (the newest attempt). Part files written before a column existed read
-        it as null; older exit reasons read in today's names (`migrate_rows`)."""
+        it as null."""
         files = self._files()
         if not files:
             return pd.DataFrame({f.name: pd.Series(dtype=object) for f in RESULT_SCHEMA}).loc[:, columns or slice(None)]
-        # an old exit reason's new name depends on the row's error text (uni_agent.episode.exit_reason)
-        needs = ["error"] if columns is not None and "exit_reason" in columns else []
-        wanted = None if columns is None else list(dict.fromkeys([*columns, *KEY, "attempts", *needs]))
+        wanted = None if columns is None else list(dict.fromkeys([*columns, *KEY, "attempts"]))
         frame = pa.concat_tables(pq.read_table(f, columns=wanted, schema=RESULT_SCHEMA) for f in files).to_pandas()
         if frame.duplicated(KEY).any():  # a crash between a retried row's write and `supersede`
             frame = (frame.assign(_n=frame["attempts"].map(_attempts))
                      .sort_values("_n", kind="stable").drop_duplicates(KEY, keep="last").drop(columns="_n")
                      .sort_index())
-        return migrate_rows(frame).reset_index(drop=True).loc[:, columns or slice(None)]
+        return frame.reset_index(drop=True).loc[:, columns or slice(None)]
 
     def supersede(self, keys: set[tuple[str, int]]) -> int:
         """Remove the older rows of `keys` (rollouts run again and written anew, their row carrying one attempt
@@ -212,17 +223,6 @@ class ResultStore:
     def _files(self) -> list[Path]:
         """The part files of results/, and those an earlier run had to spill (uni_agent.driver.spill)."""
         return sorted(self.dir.glob("part-*.parquet")) + spilled_files(self.output_dir)
-
-
-def migrate_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with the exit reasons older versions wrote renamed to today's (uni_agent.episode.exit_reason), in
-    exit_reason and in the failure_cause that repeats it: a copy when it held any, else `frame` itself."""
-    if "exit_reason" not in frame or not frame["exit_reason"].isin(OLD_EXIT_REASONS).any():
-        return frame
-    errors = frame["error"] if "error" in frame else pd.Series(None, index=frame.index, dtype=object)
-    renamed = {column: [migrate_exit_reason(value, error) for value, error in zip(frame[column], errors, strict=True)]
-               for column in ("exit_reason", "failure_cause") if column in frame}
-    return frame.assign(**renamed)
 
 
 def _attempts(value: str | None) -> int:

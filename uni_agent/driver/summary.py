@@ -11,8 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ..episode.exit_reason import EXIT_REASONS
-from .results import migrate_rows
-from ..episode.rollout import FAILURE_KINDS
+from ..episode.failures import FAILURE_KINDS, FailureKind
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -24,7 +23,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: float, extra: dict | None = None
               ) -> dict[str, Any]:
-    results = migrate_rows(results)  # rows of older versions counted under today's names
     rewards = results["reward"].astype(float) if len(results) else pd.Series(dtype=float)
     exit_reasons = {reason: 0 for reason in EXIT_REASONS}
     for reason, count in results["exit_reason"].value_counts().items() if len(results) else []:
@@ -61,19 +59,20 @@ def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: fl
 
 def failure_counts(results: pd.DataFrame) -> dict[str, Any]:
     """failure_kinds (none/model/infra), infra_failures with their causes by part, Avg@N without the infra rows."""
-    kinds = results["failure_kind"].fillna("none") if len(results) and "failure_kind" in results else None
+    has_kinds = len(results) and "failure_kind" in results
+    kinds = results["failure_kind"].fillna(FailureKind.NONE.value) if has_kinds else None
     counts = {kind: 0 for kind in FAILURE_KINDS}
     causes: dict[str, int] = {}
     if kinds is not None:
         for kind, count in kinds.value_counts().items():
             counts[str(kind)] = int(count)
-        for cause in results.loc[kinds == "infra", "failure_cause"].fillna("unknown"):
+        for cause in results.loc[kinds == FailureKind.INFRA, "failure_cause"].fillna("unknown"):
             part = str(cause).split(":", 1)[0]
             causes[part] = causes.get(part, 0) + 1
-    clean = results[kinds != "infra"] if kinds is not None else results
+    clean = results[kinds != FailureKind.INFRA] if kinds is not None else results
     return {
         "failure_kinds": counts,
-        "infra_failures": counts["infra"],
+        "infra_failures": counts[FailureKind.INFRA],
         "infra_failure_parts": causes,
         "avg_at_n_without_infra": round(float(clean["reward"].astype(float).mean()), 4) if len(clean) else None,
     }

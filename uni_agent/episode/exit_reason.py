@@ -1,8 +1,5 @@
-"""Why an episode ended: one enum, written to every result row and event, and read back from stored rows.
-
-A stored row may carry `timeout_budget`, a retired name that covered both "too many command timeouts" and "out of
-wall-clock time"; `migrate_exit_reason` maps it to one of the two by the error text written with it, so every reader
-sees only current names. Nothing else is imported here: the dashboard's fold and the Parquet readers both use it.
+"""Why an episode ended: one enum, written to every result row and event. Its values are the strings the Parquet
+column and the events carry. Nothing else is imported here: the dashboard's fold and the Parquet readers both use it.
 """
 
 from __future__ import annotations
@@ -21,20 +18,9 @@ class ExitReason(StrEnum):
     # The episode ran out of wall-clock time while every engine it could call was down (failures.py): the outage's
     # time, not the model's; an infra row that a rerun runs again
     ENGINE_DOWN = "engine_down"
+    # Its caller cancelled it before it finished (the online service's trainer): an event's end, never a row's
+    CANCELLED = "cancelled"
 
 
-EXIT_REASONS: tuple[str, ...] = tuple(reason.value for reason in ExitReason)
-
-# An older row's `timeout_budget` was a wall-clock end when its error said so (agent_loop wrote "... ran past its
-# wall-clock budget of N s"), else too many command timeouts ("more than N command timeouts").
-OLD_EXIT_REASONS: tuple[str, ...] = ("timeout_budget",)  # names no version writes any more
-_WALL_CLOCK_MARK = "wall-clock"
-
-
-def migrate_exit_reason(reason: object, error: object = None) -> object:
-    """The current name of an exit reason an older version wrote; any other value (current names, null) as is."""
-    if reason not in OLD_EXIT_REASONS:
-        return reason
-    if isinstance(error, str) and _WALL_CLOCK_MARK in error:
-        return ExitReason.WALL_CLOCK.value
-    return ExitReason.COMMAND_TIMEOUTS.value
+# The reasons a result row can carry (a cancelled rollout has no row): the summary counts each of them
+EXIT_REASONS: tuple[str, ...] = tuple(reason.value for reason in ExitReason if reason != ExitReason.CANCELLED)

@@ -3,15 +3,16 @@ wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader fa
 every engine was down: exit reason engine_down). An infra row is not a model result: the summary counts it apart,
 and `--retry-errors` runs it again (an engine_down row runs again without it).
 
-The agent loop knows which part failed (it catches the exception) and calls `infra`; `classify` settles the rest
-from the episode's end and the verification recorded on the row (called again once the grade is known)."""
+The one place a row is classified. The episode's ending says which part failed when it knows (an Ending with a
+FailedPart, uni_agent.episode.ending), `classify` settles the rest from the ending and the verification: once when
+the episode ends (the envelope) and again when a grade is recorded (RolloutResult.record)."""
 
 from __future__ import annotations
 
-import json
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from ..grading.verification import NO_RESULT, VerificationStatus, stored_status
+from ..grading.verification import VerificationStatus
 from ..llm.outage import engine_outage_s
 from .exit_reason import ExitReason
 
@@ -19,49 +20,66 @@ if TYPE_CHECKING:
     from .rollout import RolloutResult
 
 
-def infra(result: RolloutResult, part: str, error: str) -> None:
-    """Mark `result` an infrastructure failure of `part` (sandbox, llm, worker, verification)."""
-    result.failure_kind, result.failure_cause = "infra", f"{part}: {error}"[:2000]
+class FailureKind(StrEnum):
+    NONE = "none"  # resolved, or submitted and not graded
+    MODEL = "model"  # the model's: out of turns, context or time, or a wrong answer
+    INFRA = "infra"  # the infrastructure's (FailedPart says which part): not a model result
+
+
+class FailedPart(StrEnum):
+    """Which part of the infrastructure failed: what failure_cause starts with ("llm: HTTP 500 ...")."""
+
+    SANDBOX = "sandbox"
+    LLM = "llm"
+    AGENT = "agent"  # the episode's own machinery ended in an error no other part owned
+    HARNESS = "harness"  # a harness command that could not run at all (exit 126/127)
+    WORKER = "worker"  # the agent worker running the rollout was lost, again and again
+    VERIFICATION = "verification"  # the grader could not run, or gave no result in time
+
+
+FAILURE_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind)
+
+
+def infra(result: RolloutResult, part: FailedPart, error: str) -> None:
+    """Mark `result` an infrastructure failure of `part`."""
+    result.failure_kind, result.failure_cause = FailureKind.INFRA, f"{FailedPart(part).value}: {error}"[:2000]
 
 
 def classify(result: RolloutResult) -> None:
     """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
-    if result.failure_kind == "infra":
+    if result.failure_kind == FailureKind.INFRA:
         return
     if result.exit_reason == ExitReason.WALL_CLOCK and (down_s := engine_outage_s(result.started_at)) > 0:
         # Its clock ran while no engine could answer it (a lost engine waited for, llm_waiting_for_endpoint): the
         # time was the outage's, so the end is not the model's.
-        result.exit_reason = ExitReason.ENGINE_DOWN.value
+        result.exit_reason = ExitReason.ENGINE_DOWN
         result.error = f"every engine was down for {down_s:.0f} s of this episode, which then ran past its " \
                        f"wall-clock budget ({result.error})"
-        infra(result, "llm", result.error)
+        infra(result, FailedPart.LLM, result.error)
         return
-    verification = json.loads(result.verification or "{}")  # "{}" until graded
-    verification_error = verification.get("error")
+    verification = result.verification  # None until graded
     try:
-        verification_status = stored_status(verification)
+        status = None if verification is None else VerificationStatus(verification.status)
     except ValueError:  # no grader writes it: a broken grader, not a wrong answer
-        infra(result, "verification", f"unknown verification status {verification['status']!r}")
+        infra(result, FailedPart.VERIFICATION, f"unknown verification status {verification.status!r}")
         return
-    if result.exit_reason == ExitReason.ERROR:  # an error the loop did not attribute: the loop's own machinery failed
-        infra(result, "agent", result.error or "the episode ended in an error")
+    if result.exit_reason == ExitReason.ERROR:  # an error no part owned: the episode's own machinery failed
+        infra(result, FailedPart.AGENT, result.error or "the episode ended in an error")
         return
-    if verification_status == VerificationStatus.ERROR or (verification_status == VerificationStatus.TIMEOUT
-                                                           and (verification_error or "").startswith(NO_RESULT)):
-        infra(result, "verification", verification_error or verification_status)
+    if verification is not None and (status == VerificationStatus.ERROR or verification.lost):
+        infra(result, FailedPart.VERIFICATION, verification.error or status)
         return
     if result.resolved:
-        result.failure_kind, result.failure_cause = "none", None
+        result.failure_kind, result.failure_cause = FailureKind.NONE, None
         return
-    if result.exit_reason == ExitReason.SUBMITTED and verification_status is None:  # not graded (yet, or --no-verify)
-        result.failure_kind, result.failure_cause = "none", "not verified"
+    if result.exit_reason == ExitReason.SUBMITTED and status is None:  # not graded (yet, or --no-verify)
+        result.failure_kind, result.failure_cause = FailureKind.NONE, "not verified"
         return
-    result.failure_kind = "model"
-    if result.exit_reason != ExitReason.SUBMITTED:  # max_turns, context_limit, command_timeouts, wall_clock
+    result.failure_kind = FailureKind.MODEL
+    if result.exit_reason != ExitReason.SUBMITTED:  # max_turns, context_limit, command_timeouts, wall_clock, ...
         # (malformed calls end as max_turns)
-        result.failure_cause = result.exit_reason
-    elif verification_status in (VerificationStatus.PATCH_FAILED, VerificationStatus.TIMEOUT):
-        result.failure_cause = f"verification {verification_status}"  # the model's patch did not apply or hung
+        result.failure_cause = result.exit_reason.value
+    elif status in (VerificationStatus.PATCH_FAILED, VerificationStatus.TIMEOUT):
+        result.failure_cause = f"verification {status}"  # the model's patch did not apply or hung
     else:
         result.failure_cause = "unresolved"
-

@@ -1,20 +1,21 @@
-"""What one rollout is given (RolloutSpec) and what it produces (RolloutResult, one Parquet row)."""
+"""What one rollout is given (RolloutSpec) and what it produces (RolloutResult): a typed record in the process, one
+Parquet row at the driver's boundary (`row()`, whose columns uni_agent.driver.results.RESULT_SCHEMA names)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import AgentConfig
-from ..grading.verification import VerificationStatus
+from ..grading.verification import Verification, VerificationStatus
 from .exit_reason import ExitReason
+from .failures import FailureKind, classify, infra
 
 if TYPE_CHECKING:
-    from ..grading.verification import Verification
+    from .ending import Ending
 
-# Whose failure a row is (uni_agent.episode.failures): none (resolved), the model's, or the infrastructure's.
-FAILURE_KINDS: tuple[str, ...] = ("none", "model", "infra")
 # Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
 TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32",
                                  "token_versions": "int32"}
@@ -43,14 +44,14 @@ class RolloutResult:
     rollout: int
     data_source: str
     agent_name: str
-    exit_reason: str  # an ExitReason's value (a plain string: the Parquet column and the events carry it)
-    messages: str = "[]"  # JSON: the whole conversation, tool calls and observations included
+    exit_reason: ExitReason
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the whole conversation, tool calls included
     patch: str = ""
     reward: float = 0.0
     resolved: bool = False
     masked: bool = False  # mask_abnormal_exit_traj: the trajectory should not be trained on (loss_mask all 0)
     mask_reason: str | None = None  # why `masked` (or why loss_mask is empty)
-    failure_kind: str = "none"  # none | model | infra (uni_agent.episode.failures)
+    failure_kind: FailureKind = FailureKind.NONE  # whose failure (uni_agent.episode.failures)
     failure_cause: str | None = None  # e.g. "max_turns", "unresolved", "sandbox: SandboxStartError: ..."
     num_turns: int = 0
     prompt_tokens: int = 0
@@ -60,7 +61,7 @@ class RolloutResult:
     tools_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
-    verification: str = "{}"  # JSON: patch_applied, per-test status, log tail
+    verification: Verification | None = None  # None until graded (the row's "{}")
     error: str | None = None
     worker: str = ""
     started_at: float = 0.0
@@ -73,7 +74,7 @@ class RolloutResult:
     logprobs: list[float] = field(default_factory=list)
     token_source: str = ""  # llama_server | vllm | "" (none asked for)
     tokens_missing: str | None = None  # why the token columns are empty although token_source was asked for
-    token_drift: str | None = None  # JSON: the turn whose prompt did not continue the sequence, and where
+    token_drift: dict[str, Any] | None = None  # the turn whose prompt did not continue the sequence, and where
     # Policy versions (uni_agent.online): the version of the weights that sampled each token (-1 on tokens no model
     # sampled; aligned with input_ids), the least and greatest of them (-1: none), the trainer's step and the version
     # it asked for. A plain run is step 0 on version 0.
@@ -84,34 +85,56 @@ class RolloutResult:
     policy_version: int = 0
     staleness_action: str | None = None  # max_staleness: masked | restarted (uni_agent.online.staleness)
     stale_restarts: int = 0  # runs of this rollout dropped as too stale before this one
-    attempts: str = "[]"  # JSON: earlier attempts of this rollout replaced by --retry-errors (oldest first)
-    # Harness rollouts (uni_agent.harness): where the token columns start a new chain and why (JSON list), and how
-    # the program ended (JSON: exit_code, timed_out, stopped, seconds, calls, output_tail). None for our own loop.
-    chains: str | None = None
-    harness: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # earlier rows replaced by --retry-errors
+    # Harness rollouts (uni_agent.harness): where the token columns start a new chain and why, and how the program
+    # ended (exit_code, timed_out, stopped, seconds, calls, refused_calls, output_tail). None for our own loop.
+    chains: list[dict[str, Any]] | None = None
+    harness: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # a value read back or written by hand ("submitted") becomes its member; an unknown one is a ValueError
+        self.exit_reason, self.failure_kind = ExitReason(self.exit_reason), FailureKind(self.failure_kind)
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.instance_id, self.rollout)
 
     def row(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The Parquet row: enums as their strings, the structured fields as JSON text."""
+        row = dict(self.__dict__)
+        row["exit_reason"], row["failure_kind"] = self.exit_reason.value, self.failure_kind.value
+        row["messages"] = json.dumps(self.messages, ensure_ascii=False)
+        row["verification"] = "{}" if self.verification is None else self.verification.to_json()
+        row["attempts"] = json.dumps(self.attempts, ensure_ascii=False, default=str)
+        row["token_drift"] = None if self.token_drift is None else json.dumps(self.token_drift)
+        row["chains"] = None if self.chains is None else json.dumps(self.chains)
+        row["harness"] = None if self.harness is None else json.dumps(self.harness, ensure_ascii=False)
+        return row
 
     @classmethod
     def begin(cls, spec: RolloutSpec, agent_name: str, worker: str) -> RolloutResult:
         """The row of a rollout starting now, an error until its episode says how it ended."""
         return cls(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout,
-                   data_source=spec.data_source, agent_name=agent_name, exit_reason=ExitReason.ERROR.value,
+                   data_source=spec.data_source, agent_name=agent_name, exit_reason=ExitReason.ERROR,
                    worker=worker, started_at=time.time())
 
-    def end(self, reason: ExitReason, error: str | None = None) -> None:
-        """Record why the episode ended, and the error that ended it."""
-        self.exit_reason, self.error = ExitReason(reason).value, error
+    def end(self, ending: Ending) -> None:
+        """Record how the episode ended: its exit reason, the error that ended it, the part that failed if one did."""
+        self.exit_reason, self.error = ending.reason, ending.error
+        if ending.failed is not None:
+            infra(self, ending.failed, ending.error or ending.reason.value)
 
     def record(self, verification: Verification) -> None:
-        """Take a verification's reward; a grading that failed to run also becomes the rollout's error."""
+        """Take a verification's reward and settle whose failure the row is; a grading that failed to run also
+        becomes the rollout's error."""
         self.reward, self.resolved = verification.reward, verification.resolved
         self.verify_s = verification.seconds
-        self.verification = verification.to_json()
+        self.verification = verification
         if verification.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT) and self.error is None:
             self.error = f"verification {verification.status}: {verification.error}"
+        classify(self)
+
+    def mask(self, reason: str) -> None:
+        """Not to be trained on: loss_mask all 0, and why."""
+        self.masked, self.mask_reason = True, reason
+        self.loss_mask = [0] * len(self.loss_mask)

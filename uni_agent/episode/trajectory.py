@@ -15,7 +15,6 @@ gets loss_mask 0: nothing after a drift is trained on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +31,6 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the policy version that sampled each token, -1 if none did
     drift: dict | None = None  # {"turn": k, "position": i, "expected": id | None, "got": id | None}
-
-    def drift_json(self) -> str | None:
-        return json.dumps(self.drift) if self.drift else None
 
 
 def build_sequence(turns: list[TurnTokens]) -> Sequence:
@@ -87,7 +83,7 @@ class TokenLog:
         elif self.turns:
             seq = build_sequence(self.turns)
             result.input_ids, result.loss_mask, result.logprobs = seq.input_ids, seq.loss_mask, seq.logprobs
-            result.token_drift = seq.drift_json()
+            result.token_drift = seq.drift
             set_token_versions(result, seq.versions)
 
 

@@ -24,11 +24,11 @@ from ..grading import grade_in_sandbox
 from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
-from ..registry import import_object
 from ..sandbox import Sandbox
-from .agent_loop import sandbox_closer
+from .envelope import run_episode, sandbox_closer
 from .replica_versions import ReplicaVersions
 from .rollout import RolloutResult, RolloutSpec
+from .strategy import strategy_for
 
 log = structlog.get_logger("uni_agent.worker")
 CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts and the sandboxes still closing
@@ -57,7 +57,7 @@ class AgentWorker:
         self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
         self._finished_event = asyncio.Event()
         self._running: dict[tuple[str, int], asyncio.Task] = {}  # rollout key -> its task
-        self._closing: set[asyncio.Task] = set()  # finished rollouts' sandboxes, closing (agent_loop.sandbox_closer)
+        self._closing: set[asyncio.Task] = set()  # finished rollouts' sandboxes, closing (envelope.sandbox_closer)
         self._last_collect = time.monotonic()
         self._watch: asyncio.Task | None = None
 
@@ -66,10 +66,9 @@ class AgentWorker:
         sandbox_closer.set(self._close_later)  # this rollout's task only: its result returns before the close ends
         session = self.router.session()
         try:
-            loop_class = import_object(spec.agent.target)
-            # the loop imports no grading: a reward graded in the agent's own sandbox comes in through this hook
-            loop = loop_class(spec.agent, session, self.emit, grade_in_sandbox=grade_in_sandbox)
-            result: RolloutResult = await loop.run(spec, worker=self.address)
+            # the episode imports no grading: a reward graded in the agent's own sandbox comes in through this hook
+            result = await run_episode(strategy_for(spec.agent), spec, session, emit=self.emit, worker=self.address,
+                                       grade_in_sandbox=grade_in_sandbox)
         finally:
             session.close()
         if spec.agent.log_dir:
@@ -217,6 +216,11 @@ class RolloutSession:
         self.url = router.pick()
         router.load[self.url] += 1
 
+    @property
+    def model(self) -> str:
+        """The served model's name (every replica serves the same model)."""
+        return self.router.clients[self.url].model
+
     def _move(self, url: str) -> None:
         self.router.load[self.url] -= 1
         self.router.load[url] += 1
@@ -321,6 +325,5 @@ def _save_trajectory(log_dir: str, result: RolloutResult) -> None:
     # One readable file per rollout, named by instance and rollout index (not by an opaque run uuid).
     path = Path(log_dir).expanduser() / result.run_id / f"{result.instance_id}__r{result.rollout}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    row = result.row()
-    row["messages"] = json.loads(row["messages"])
+    row = {**result.row(), "messages": result.messages}
     path.write_text(json.dumps(row, indent=1, ensure_ascii=False))

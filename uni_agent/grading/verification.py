@@ -27,7 +27,7 @@ class VerificationStatus(StrEnum):
 
 
 EVAL_LOG_DIR = "eval_logs"  # under a run's output dir: one whole test log per graded rollout
-NO_RESULT = "no verification result"  # starts the error of `no_result`: how a stored row tells it from a slow test
+NO_RESULT = "no verification result"  # starts the error of `no_result`
 
 
 @dataclass
@@ -46,10 +46,14 @@ class Verification:
     metrics: dict[str, float] = field(default_factory=dict)  # terminal_bench: what the reward file held
     log_file: str | None = None  # the whole test log, kept beside the results (keep_log), relative to the output dir
     log: str = field(default="", repr=False)  # the whole test log; travels to the driver, never into the row
+    # No result came back within the driver's own bound (`no_result`): the infrastructure's failure, which a slow
+    # test (the grader's own timeout, the model's) is not. Not stored: the row's failure_kind says it.
+    lost: bool = False
 
     def to_json(self) -> str:
         record = asdict(self)
         record.pop("log")  # megabytes per row otherwise: the file named by log_file holds it
+        record.pop("lost")
         return json.dumps(record, ensure_ascii=False)
 
     def keep_log(self, output_dir: str | Path, name: str) -> None:
@@ -68,10 +72,4 @@ class Verification:
 
 def no_result(limit: float) -> Verification:
     """What the driver records when a verification future gave nothing within `limit` seconds."""
-    return Verification(status=VerificationStatus.TIMEOUT, error=f"{NO_RESULT} within {limit:g} s")
-
-
-def stored_status(verification: dict[str, Any]) -> VerificationStatus | None:
-    """The status of a row's verification JSON (None: not graded); a value no grader may write is a ValueError."""
-    status = verification.get("status")
-    return None if status is None else VerificationStatus(status)
+    return Verification(status=VerificationStatus.TIMEOUT, error=f"{NO_RESULT} within {limit:g} s", lost=True)

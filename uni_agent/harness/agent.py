@@ -1,17 +1,17 @@
 """The harness agent: a program that brings its own agent loop (mini-swe-agent, SWE-agent, a CLI, a user's script) runs
-as the agent of a rollout, inside the rollout's sandbox, with the sandbox's network off. Reads top to bottom.
+as the agent of a rollout, inside the rollout's sandbox, with the sandbox's network off. An agent strategy
+(uni_agent.episode.strategy): the envelope starts the sandbox (with the harness's read-only mounts), runs
+post-setup, takes the patch, grades, closes and classifies; this only acts. Reads top to bottom.
 
-open the sandbox (retried, with the harness's read-only mounts) → post-setup → a lease at the worker's gateway (a
-token of its own, the rollout's budgets) → the relay: the supervisor listens on 127.0.0.1 inside and carries each
-connection to the gateway → the prompt as a file and a variable → the program runs (`harness.command`) until it exits,
-its wall clock ends, or the gateway ends the episode (a budget: it gets `end_grace_s` to exit, then it is killed) →
-patch = git diff → graded in the sandbox where the reward says so → sandbox closed → the row: the calls as the program
-sent them (messages), their tokens and chains (calls.py), the program's exit code and output tail (`harness`).
+a lease at the worker's gateway (a token of its own, the rollout's budgets) → the relay: the supervisor listens on
+127.0.0.1 inside and carries each connection to the gateway → the prompt as a file and a variable → the program runs
+(`harness.command`) until it exits, its wall clock ends, or the gateway ends the episode (a budget: it gets
+`end_grace_s` to exit, then it is killed) → the row: the calls as the program sent them (messages), their tokens and
+chains (calls.py), the program's exit code and output tail (`harness`).
 
 How it ended (exit_reason): the program exited 0 → submitted; non-zero → program_failed (126/127, a command that
 cannot run at all, count as the harness's infrastructure failure); killed at its wall clock → wall_clock; a budget →
-max_turns / context_limit / wall_clock; the model endpoint or the sandbox failed → error (infra). Same constructor
-and RolloutResult as UniAgentLoop, so the agent worker runs it as it runs our loop.
+max_turns / context_limit / wall_clock; the model endpoint or the sandbox failed → error (infra).
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ import json
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
 from ..config import AgentConfig, HarnessConfig
-from ..episode.agent_loop import ChatModel, EpisodeEnd, SandboxGrader, SandboxOpener, collect_patch_and_close
+from ..episode.ending import Ending, infra_failure
 from ..episode.exit_reason import ExitReason
-from ..episode.failures import classify, infra
+from ..episode.failures import FailedPart
 from ..episode.rollout import RolloutResult, RolloutSpec
-from ..events import Emit, no_emit, rollout_event
+from ..episode.strategy import Episode
+from ..events import RolloutState
 from ..redact import redact
 from ..sandbox import ExecResult, Sandbox, SandboxError
-from ..sandbox.start import start_sandbox
+from ..sandbox.session import HOST_GRACE_S, Session
 from .gateway import Gateway, Lease, worker_gateway
 
 log = structlog.get_logger("uni_agent.harness")
@@ -43,91 +44,73 @@ PROMPT_ENV_LIMIT = 100_000  # characters; a longer prompt is only in the file (o
 CANNOT_RUN = (126, 127)  # the shell's codes for a command that is not executable / not found
 
 
-class HarnessAgent:
-    """One rollout of a program that brings its own loop (a fresh instance per rollout, as UniAgentLoop)."""
+@runtime_checkable
+class SupervisedSandbox(Sandbox, Protocol):
+    """A sandbox whose supervisor session a harness talks to (local, containers, Modal: sandbox.backend's
+    SessionSandbox): it relays the program's connections and runs it as a command that can be interrupted."""
 
-    def __init__(self, agent: AgentConfig, model: ChatModel, emit: Emit = no_emit, *,
-                 open_sandbox: SandboxOpener = start_sandbox, grade_in_sandbox: SandboxGrader | None = None,
-                 gateway: Gateway | None = None):
+    session: Session | None
+    state_dir: str
+
+
+class HarnessAgent:
+    """One rollout of a program that brings its own loop (a fresh one per rollout: it keeps the rollout's lease)."""
+
+    def __init__(self, agent: AgentConfig, gateway: Gateway | None = None):
         if agent.harness is None:
             raise ValueError(f"agent {agent.name!r}: {__name__}.HarnessAgent needs a `harness:` block")
         self.agent, self.harness = agent, agent.harness
-        self.model, self.emit = model, emit
-        self.open_sandbox, self.grade_in_sandbox = open_sandbox, grade_in_sandbox
-        self.gateway = gateway
+        self.gateway = gateway  # None: the agent worker's own (worker_gateway)
+        self.lease: Lease | None = None
+        # The program is killed at the deadline by its own command timeout and says how it ended: the envelope waits
+        # that long past the deadline before it stops the episode itself
+        self.grace_s = self.harness.end_grace_s + HOST_GRACE_S
 
-    async def run(self, spec: RolloutSpec, worker: str = "") -> RolloutResult:
-        agent = self.agent
-        if spec.grade_in_agent_sandbox and self.grade_in_sandbox is None:
-            raise ValueError(f"{spec.instance_id}: the reward is graded in the agent's sandbox, "
-                             "but the harness agent was given no grade_in_sandbox")
-        result = RolloutResult.begin(spec, agent.name, worker)
-        bound = log.bind(run_id=spec.run_id, instance_id=spec.instance_id, rollout=spec.rollout)
-        started = time.monotonic()
-        limits = [self.harness.timeout, agent.interaction.episode_timeout, agent.env.deployment.deployment_timeout]
-        deadline = started + min(x for x in limits if x)
+    def sandbox_config(self) -> AgentConfig:
+        return with_mounts(self.agent)
+
+    def time_limit(self) -> float | None:
+        return self.harness.timeout
+
+    async def act(self, episode: Episode) -> Ending:
+        agent, spec = self.agent, episode.spec
         gateway = self.gateway or await worker_gateway()
-        lease = Lease(self.model, _model_name(self.model), max_calls=self.harness.max_calls or
-                      agent.interaction.max_turns, deadline=deadline, tools_in=agent.interaction.tools_in,
-                      tool_parser=agent.interaction.tool_call_parser,
-                      constrain_tool_calls=agent.interaction.constrain_tool_calls,
-                      name=f"{spec.instance_id}-r{spec.rollout}")
-        lease.on_call = lambda n: self._state(spec, worker, "running", turn=n, max_turns=lease.max_calls)
-        sandbox: Sandbox | None = None
+        interaction = agent.interaction
+        lease = self.lease = Lease(
+            episode.model, episode.model.model, max_calls=self.harness.max_calls or interaction.max_turns,
+            deadline=episode.budget.deadline, tools_in=interaction.tools_in,
+            tool_parser=interaction.tool_call_parser, constrain_tool_calls=interaction.constrain_tool_calls,
+            name=f"{spec.instance_id}-r{spec.rollout}")
+        lease.on_call = lambda n: episode.state(RolloutState.RUNNING, turn=n, max_turns=lease.max_calls)
         try:
-            self._state(spec, worker, "starting_sandbox")
-            t0 = time.monotonic()
-            sandbox = await self.open_sandbox(with_mounts(agent), f"{spec.instance_id}-r{spec.rollout}")
-            result.sandbox_start_s = time.monotonic() - t0
-            if agent.env.post_setup_cmd:
-                setup = await sandbox.exec(agent.env.post_setup_cmd, agent.env.deployment.runtime_timeout)
-                if setup.exit_code != 0:
-                    raise SandboxError(f"post_setup_cmd failed (exit {setup.exit_code}): {setup.output[-1000:]}")
+            sandbox = await episode.sandbox.ready()
+            if not isinstance(sandbox, SupervisedSandbox) or sandbox.session is None:
+                raise SandboxError(f"the {agent.env.deployment.type} sandbox has no supervisor session: a harness "
+                                   "needs a local, container or Modal sandbox")
             gateway.register(lease)
-            self._state(spec, worker, "running", turn=0, max_turns=lease.max_calls)
-            outcome, interrupted = await self._run_program(sandbox, spec, lease, deadline, gateway)
-            result.tools_s = outcome.duration_s
-            self._settle(result, lease, outcome, interrupted)
-            bound.info("harness_exited", exit_code=outcome.exit_code, timed_out=outcome.timed_out,
-                       calls=lease.calls.calls)
-        except EpisodeEnd as end:
-            result.end(end.exit_reason, str(end))
-        except (SandboxError, OSError) as exc:
-            result.end(ExitReason.ERROR, f"{type(exc).__name__}: {exc}")
-            infra(result, "sandbox", result.error)
+            episode.state(RolloutState.RUNNING, turn=0, max_turns=lease.max_calls)
+            outcome, interrupted = await self._run_program(sandbox, sandbox.session, spec, lease, gateway)
+            episode.row.tools_s = outcome.duration_s
+            episode.row.harness = self._program_record(lease, outcome, interrupted)
+            episode.log.info("harness_exited", exit_code=outcome.exit_code, timed_out=outcome.timed_out,
+                             calls=lease.calls.calls)
+            return self._ending(lease, outcome)
         finally:
             gateway.unregister(lease)
             await gateway.close_door(lease)
-            if sandbox is not None:
-                await collect_patch_and_close(sandbox, result, self.agent,
-                                              self.grade_in_sandbox if spec.grade_in_agent_sandbox else None,
-                                              lambda: self._state(spec, result.worker, "verifying"))
-        lease.calls.fill(result)
-        result.messages = redact(result.messages)
-        if result.error is not None:
-            result.error = redact(result.error)
-        classify(result)
-        if result.failure_cause is not None:
-            result.failure_cause = redact(result.failure_cause)
-        if agent.mask_abnormal_exit_traj and result.exit_reason != ExitReason.SUBMITTED:
-            result.masked, result.mask_reason = True, f"mask_abnormal_exit_traj: exit_reason {result.exit_reason}"
-            result.loss_mask = [0] * len(result.loss_mask)
-        result.total_s = time.monotonic() - started
-        result.finished_at = time.time()
-        bound.info("rollout_finished", exit_reason=result.exit_reason, turns=result.num_turns, error=result.error)
-        return result
 
-    async def _run_program(self, sandbox: Sandbox, spec: RolloutSpec, lease: Lease, deadline: float,
+    def record(self, row: RolloutResult) -> None:
+        """The calls as the program sent them, their chains and token columns (calls.py)."""
+        if self.lease is not None:
+            self.lease.calls.fill(row)
+
+    async def _run_program(self, sandbox: SupervisedSandbox, session: Session, spec: RolloutSpec, lease: Lease,
                            gateway: Gateway) -> tuple[ExecResult, bool]:
         """Run the program until it exits, its wall clock ends, or the gateway ends the episode (then it gets
         end_grace_s to exit by itself). Returns its result and whether it was stopped by us."""
-        session = getattr(sandbox, "session", None)
-        if session is None:
-            raise SandboxError(f"the {self.agent.env.deployment.type} sandbox has no supervisor session: "
-                               "a harness needs a local, container or Modal sandbox")
         port = await session.listen(await gateway.door(lease))
         script = await self._write_inputs(session, sandbox, spec, lease, port)
-        left = max(deadline - time.monotonic(), 0.001)
+        left = max((lease.deadline or 0) - time.monotonic(), 0.001)
         program = asyncio.ensure_future(session.run(f"bash --noprofile --norc {shlex.quote(script)}", left, None,
                                                     True))
         ended = asyncio.ensure_future(lease.ended.wait())
@@ -148,9 +131,10 @@ class HarnessAgent:
                 with contextlib.suppress(BaseException):
                     await program
 
-    async def _write_inputs(self, session: Any, sandbox: Sandbox, spec: RolloutSpec, lease: Lease, port: int) -> str:
+    async def _write_inputs(self, session: Session, sandbox: SupervisedSandbox, spec: RolloutSpec, lease: Lease,
+                            port: int) -> str:
         """The prompt (a file, and a variable when it fits) and the script that runs the program; its path."""
-        directory = f"{getattr(sandbox, 'state_dir', '/run/uni-agent')}/harness"
+        directory = f"{sandbox.state_dir}/harness"
         prompt = prompt_text(spec.prompt)
         await session.write_file(f"{directory}/prompt.md", prompt.encode())
         await session.write_file(f"{directory}/messages.json", json.dumps(spec.prompt, ensure_ascii=False).encode())
@@ -166,31 +150,26 @@ class HarnessAgent:
         await session.write_file(f"{directory}/run.sh", "\n".join(lines).encode())
         return f"{directory}/run.sh"
 
-    def _settle(self, result: RolloutResult, lease: Lease, outcome: ExecResult, interrupted: bool) -> None:
-        """The row's exit reason, error and `harness` column from how the program and the gateway ended."""
+    def _program_record(self, lease: Lease, outcome: ExecResult, interrupted: bool) -> dict[str, Any]:
+        """The row's `harness` column: how the program ran and ended, and the end of its output."""
         tail = outcome.output[-self.harness.output_tail_chars:] if self.harness.output_tail_chars else ""
-        result.harness = json.dumps({"exit_code": outcome.exit_code, "timed_out": outcome.timed_out and not interrupted,
-                                     "stopped": interrupted, "seconds": round(outcome.duration_s, 3),
-                                     "calls": lease.calls.calls, "refused_calls": lease.refused,
-                                     "output_tail": redact(tail)}, ensure_ascii=False)
-        if lease.end is not None:
-            result.end(lease.end, lease.end_message if lease.end != ExitReason.SUBMITTED else None)
-            if lease.infra is not None:
-                infra(result, lease.infra, lease.end_message)
-        elif outcome.timed_out:
-            result.end(ExitReason.WALL_CLOCK, f"the program ran past its wall-clock budget "
-                                              f"({outcome.duration_s:.0f} s)")
-        elif outcome.exit_code == 0:
-            result.end(ExitReason.SUBMITTED)
-        elif outcome.exit_code in CANNOT_RUN:
-            result.end(ExitReason.ERROR, f"the harness command could not run (exit {outcome.exit_code}): "
-                                         f"{outcome.output.strip()[-500:]}")
-            infra(result, "harness", result.error)
-        else:
-            result.end(ExitReason.PROGRAM_FAILED, f"the program exited with code {outcome.exit_code}")
+        return {"exit_code": outcome.exit_code, "timed_out": outcome.timed_out and not interrupted,
+                "stopped": interrupted, "seconds": round(outcome.duration_s, 3), "calls": lease.calls.calls,
+                "refused_calls": lease.refused, "output_tail": redact(tail)}
 
-    def _state(self, spec: RolloutSpec, worker: str, state: str, **fields: Any) -> None:
-        self.emit(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, worker=worker, **fields))
+    def _ending(self, lease: Lease, outcome: ExecResult) -> Ending:
+        """How the episode ended: the gateway's ending first (a budget, the model endpoint), else the program's."""
+        if lease.ending is not None:
+            return lease.ending
+        if outcome.timed_out:
+            return Ending(ExitReason.WALL_CLOCK,
+                          f"the program ran past its wall-clock budget ({outcome.duration_s:.0f} s)")
+        if outcome.exit_code == 0:
+            return Ending(ExitReason.SUBMITTED)
+        if outcome.exit_code in CANNOT_RUN:
+            return infra_failure(FailedPart.HARNESS, f"the harness command could not run (exit {outcome.exit_code}): "
+                                                     f"{outcome.output.strip()[-500:]}")
+        return Ending(ExitReason.PROGRAM_FAILED, f"the program exited with code {outcome.exit_code}")
 
 
 def with_mounts(agent: AgentConfig) -> AgentConfig:
@@ -199,7 +178,7 @@ def with_mounts(agent: AgentConfig) -> AgentConfig:
     if harness is None or not harness.mounts:
         return agent
     deployment = agent.env.deployment
-    if not hasattr(deployment, "mounts"):
+    if "mounts" not in type(deployment).model_fields:
         raise SandboxError(f"harness.mounts need a local, podman or docker sandbox; a {deployment.type} sandbox "
                            "cannot mount host directories (put the program into its image instead)")
     mounts = {**deployment.mounts}
@@ -223,11 +202,3 @@ def prompt_text(prompt: list[dict[str, Any]]) -> str:
                 content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             parts.append(str(content or ""))
     return "\n\n".join(parts)
-
-
-def _model_name(model: Any) -> str:
-    """The run's model name, for /v1/models (a RolloutSession's replicas all serve the same model)."""
-    router = getattr(model, "router", None)
-    if router is not None and router.clients:
-        return next(iter(router.clients.values())).model
-    return str(getattr(model, "model", "uni-agent"))

@@ -100,8 +100,8 @@ class CallLog:
                               "token_start": start, "token_end": len(ids), "message_start": len(messages),
                               "reason": chain.reason})
             messages += chain.conversation
-        result.messages = json.dumps(messages, ensure_ascii=False)
-        result.chains = json.dumps(described)
+        result.messages = messages
+        result.chains = described
         result.num_turns = self.calls
         result.prompt_tokens, result.completion_tokens, result.llm_s = (
             self.prompt_tokens, self.completion_tokens, self.llm_s)
@@ -111,7 +111,7 @@ class CallLog:
         else:
             result.input_ids, result.loss_mask, result.logprobs = ids, mask, logprobs
             set_token_versions(result, versions)  # the online service's staleness bound reads them, as for our loop
-            result.token_drift = json.dumps(drift) if drift else None
+            result.token_drift = drift
 
 
 def _comparable(message: dict[str, Any]) -> tuple[Any, ...]:

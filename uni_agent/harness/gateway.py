@@ -42,7 +42,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from ..episode.ending import Ending, infra_failure
 from ..episode.exit_reason import ExitReason
+from ..episode.failures import FailedPart
 from ..llm import ChatReply, ContextLimitError, LLMError
 from ..private_dirs import private_tmp
 from ..sandbox.relay import Connect, tcp_target, unix_target
@@ -67,16 +69,14 @@ class Lease:
         self.calls = CallLog()
         self.lock = asyncio.Lock()
         self.ended = asyncio.Event()
-        self.end: ExitReason | None = None
-        self.end_message = ""
-        self.infra: str | None = None  # the part that failed ("llm"), when the episode ended on an infra failure
+        self.ending: Ending | None = None  # how the gateway ended the episode, when it did (a budget, a failure)
         self.refused = 0  # calls answered with an error
         self.on_call: Callable[[int], None] = lambda calls: None  # after each answered call (the agent's progress)
 
-    def finish(self, reason: ExitReason, message: str, infra: str | None = None) -> None:
-        """End the episode (the first reason stands)."""
-        if self.end is None:
-            self.end, self.end_message, self.infra = reason, message, infra
+    def finish(self, ending: Ending) -> None:
+        """End the episode (the first ending stands)."""
+        if self.ending is None:
+            self.ending = ending
             self.ended.set()
 
 
@@ -188,15 +188,15 @@ class Gateway:
         return lease
 
     def _over_budget(self, lease: Lease) -> web.Response | None:
-        if lease.end is None and lease.calls.calls >= lease.max_calls:
-            lease.finish(ExitReason.MAX_TURNS, f"the program made more than {lease.max_calls} model calls")
-        if lease.end is None and lease.deadline is not None and time.monotonic() >= lease.deadline:
-            lease.finish(ExitReason.WALL_CLOCK, "the episode ran past its wall-clock budget")
-        if lease.end is None:
+        if lease.ending is None and lease.calls.calls >= lease.max_calls:
+            lease.finish(Ending(ExitReason.MAX_TURNS, f"the program made more than {lease.max_calls} model calls"))
+        if lease.ending is None and lease.deadline is not None and time.monotonic() >= lease.deadline:
+            lease.finish(Ending(ExitReason.WALL_CLOCK, "the episode ran past its wall-clock budget"))
+        if (ending := lease.ending) is None:
             return None
-        if lease.end == ExitReason.CONTEXT_LIMIT:
-            return _error(400, f"context length exceeded: {lease.end_message}", "context_length_exceeded")
-        return _error(403, f"the episode is over ({lease.end.value}): {lease.end_message}", "budget_exceeded")
+        if ending.reason == ExitReason.CONTEXT_LIMIT:
+            return _error(400, f"context length exceeded: {ending.error}", "context_length_exceeded")
+        return _error(403, f"the episode is over ({ending.reason.value}): {ending.error}", "budget_exceeded")
 
     async def _forward(self, lease: Lease, messages: list[dict[str, Any]], tools: list[dict] | None,
                        response_format: dict[str, Any] | None) -> tuple[Any, ChatReply | None]:
@@ -213,17 +213,18 @@ class Gateway:
                 reply: ChatReply = await lease.model.chat(engine_messages, engine_tools, response_format,
                                                           context=context)
         except TimeoutError:
-            lease.finish(ExitReason.WALL_CLOCK, "the episode ran past its wall-clock budget during a model call")
+            lease.finish(Ending(ExitReason.WALL_CLOCK, "the episode ran past its wall-clock budget during a model "
+                                                       "call"))
             return self._over_budget(lease), None
         except ContextLimitError as exc:
-            lease.finish(ExitReason.CONTEXT_LIMIT, str(exc))
+            lease.finish(Ending(ExitReason.CONTEXT_LIMIT, str(exc)))
             return self._over_budget(lease), None
         except LLMError as exc:  # the engine failed after the client's retries: the infrastructure's failure
-            lease.finish(ExitReason.ERROR, f"{type(exc).__name__}: {exc}", infra="llm")
+            lease.finish(infra_failure(FailedPart.LLM, exc))
             return _error(502, f"the model endpoint failed: {exc}", "upstream_error"), None
         except Exception as exc:  # a fault of our own on the way (a reply we cannot read): the rollout's infra error
             log.exception("gateway_call_failed", rollout=lease.name)
-            lease.finish(ExitReason.ERROR, f"the gateway failed: {type(exc).__name__}: {exc}", infra="harness")
+            lease.finish(infra_failure(FailedPart.HARNESS, f"the gateway failed: {type(exc).__name__}: {exc}"))
             return _error(500, f"the gateway failed: {type(exc).__name__}", "gateway_error"), None
         said = reply.raw_text if reply.raw_text is not None and not reply.tool_calls else reply.content
         tool_calls = [{"type": "function", **c} for c in reply.tool_calls]

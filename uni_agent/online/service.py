@@ -34,7 +34,9 @@ from ..driver.dataset import build_specs
 from ..driver.inputs import agent_overrides, resolve_path
 from ..driver.results import ResultStore
 from ..driver.session import RunSession, open_session
+from ..episode.exit_reason import ExitReason
 from ..episode.rollout import RolloutResult, RolloutSpec
+from ..events import RolloutState
 from ..logs import configure_logging
 from ..private_dirs import preflight, prepare_output_dir
 from ..redact import register_secret
@@ -155,7 +157,8 @@ class RolloutService:
         try:
             result = await self.dispatcher.run_one(spec)
         except asyncio.CancelledError:
-            self.dispatcher.events.state(spec, "failed", error="cancelled by the trainer", exit_reason="cancelled")
+            self.dispatcher.events.state(spec, RolloutState.FAILED, error="cancelled by the trainer",
+                                         exit_reason=ExitReason.CANCELLED)
             raise
         if result is not None:
             self.rollouts_per_version[result.policy_version] += 1

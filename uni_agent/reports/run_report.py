@@ -34,7 +34,7 @@ from .html_parts import (
     trajectory,
     turns_svg,
 )
-from ..driver.results import ResultStore, migrate_rows
+from ..driver.results import ResultStore
 from ..driver.summary import pass_at_k
 
 def write_report(output_dir: str | Path, out: str | Path | None = None, *, max_trajectories: int = 150,
@@ -55,7 +55,7 @@ def write_report(output_dir: str | Path, out: str | Path | None = None, *, max_t
 
 def render_report(frame: pd.DataFrame, summary: dict[str, Any] | None = None, *, title: str = "run",
                   max_trajectories: int = 150, slowest: int = 10, failing: int = 50) -> str:
-    df = migrate_rows(frame.copy())  # rows of older versions under today's exit-reason names
+    df = frame.copy()
     for col in ("messages", "patch", "verification", "worker", "exit_reason"):
         df[col] = df[col].fillna("").astype(object)
     df["error"] = df["error"].astype(object).where(df["error"].notna(), None)  # pandas' str dtype gives NaN

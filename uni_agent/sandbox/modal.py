@@ -37,8 +37,8 @@ from .base import SandboxError, SandboxStartError
 from .container import LABEL, lifetime_s, sandbox_name
 from .limiter import start_limits
 from .repo import archive_tree, prepare_base_repo, resolve_repo
-from .session import reader_from_chunks
-from .supervisor_launch import NO_PYTHON, supervisor_shell_argv
+from .session import ImageWithoutPython, reader_from_chunks
+from .supervisor_launch import supervisor_shell_argv
 
 log = structlog.get_logger("uni_agent.sandbox")
 
@@ -149,11 +149,9 @@ class ModalSandbox(SessionSandbox):
     async def _start_session(self) -> None:
         try:
             await super().start()
-        except SandboxStartError:
+        except (SandboxStartError, ImageWithoutPython):  # the latter: the image will not change
             raise
         except SandboxError as exc:  # the stream to a fresh sandbox broke while setting up: start over
-            if NO_PYTHON in str(exc):
-                raise  # the image will not change
             raise SandboxStartError(str(exc)) from exc
 
     async def _create(self, modal: Any, app: Any) -> None:

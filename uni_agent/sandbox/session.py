@@ -33,6 +33,11 @@ CANCEL_WAIT_S = 10.0  # how long a cancelled command may take to be reported bef
 READY_LINE_LIMIT = 1 << 20
 
 
+class ImageWithoutPython(SandboxError):
+    """The sandbox's image has no python3 for the supervisor: a start that is not retried (the image will not
+    change). Raised where the supervisor's stream ends with the launcher's NO_PYTHON line (supervisor_launch.py)."""
+
+
 class Session:
     """A live connection to one sandbox's supervisor.
 
@@ -64,9 +69,9 @@ class Session:
             fields = await asyncio.wait_for(self._read_header(), timeout)
         except TimeoutError:
             raise SandboxStartError(f"sandbox {self.name}: the supervisor did not start within {timeout:g}s") from None
+        except ImageWithoutPython:
+            raise  # the image will not change: no point in retrying the start
         except SandboxError as exc:
-            if NO_PYTHON in str(exc):
-                raise  # the image will not change: no point in retrying the start
             raise SandboxStartError(str(exc)) from None
         if fields[0] != "ready" or len(fields) != 3:
             raise SandboxStartError(f"sandbox {self.name}: the supervisor said {' '.join(fields)!r}, not ready")
@@ -250,10 +255,14 @@ class Session:
         return fields
 
     async def _fail(self, what: str) -> None:
+        ended = ""
         if self._broken is None or self._broken == "closed":
             with contextlib.suppress(Exception):
-                what += f" ({await asyncio.wait_for(self._describe_end(), 5)})"
-        raise SandboxError(f"sandbox {self.name} is gone: {what}")
+                ended = await asyncio.wait_for(self._describe_end(), 5)
+                what += f" ({ended})"
+        # the launcher's only channel is its stderr: its line becomes a type here, once
+        kind = ImageWithoutPython if NO_PYTHON in ended else SandboxError
+        raise kind(f"sandbox {self.name} is gone: {what}")
 
 
 def reader_from_chunks(chunks: AsyncIterator[bytes | str]) -> tuple[asyncio.StreamReader, asyncio.Task]:
