@@ -181,17 +181,6 @@ def test_avg_reward_errors_exit_reasons_and_workers():
     assert state.totals.errors == {"LLMError": 1, "verification timeout": 1}
 
 
-def test_an_older_workers_exit_reason_counts_under_todays_name():
-    """`timeout_budget` (before the names were split) counts as wall_clock or command_timeouts, by its error."""
-    events = (lifecycle("a", reward=0.0, exit_reason="timeout_budget", error="more than 3 command timeouts")
-              + lifecycle("b", reward=0.0, exit_reason="timeout_budget",
-                          error="the episode ran past its wall-clock budget of 600 s"))
-    state = fold(events)
-    assert state.snapshot(now=60)["exit_reasons"] == {"command_timeouts": 1, "wall_clock": 1}
-    assert dict(state.totals.finished) == {"command_timeouts": 1, "wall_clock": 1}
-    assert state.rollout_detail("run-1", "b", 0)["final"]["exit_reason"] == "wall_clock"
-
-
 @pytest.mark.parametrize("seed", range(20))
 def test_any_arrival_order_keeps_the_counts_consistent(seed):
     """Shuffled events (late, early, duplicated): every rollout is counted once, loads never go negative, and a

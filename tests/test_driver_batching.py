@@ -17,7 +17,7 @@ from uni_agent.events import TOPIC, unbatch
 
 def _result(i: int) -> RolloutResult:
     return RolloutResult(run_id="r", instance_id=f"t{i}", rollout=0, data_source="d", agent_name="a",
-                         exit_reason="submitted", messages="[]")
+                         exit_reason="submitted")
 
 
 class _Spec:  # the four fields RolloutEvents reads of a RolloutSpec

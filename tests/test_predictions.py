@@ -11,6 +11,7 @@ import pytest
 from uni_agent.cli import main
 from uni_agent.driver.results import ResultStore
 from uni_agent.episode.rollout import RolloutResult
+from uni_agent.grading import Verification
 
 RUN_ID = "20260101-000000-abc123"
 MODEL = "org/model-x"
@@ -29,7 +30,7 @@ CASES = {
 
 
 def _result(instance_id, rollout, patch, status, resolved):
-    verification = "{}" if status is None else json.dumps({"status": status, "resolved": resolved})
+    verification = None if status is None else Verification(status=status, resolved=resolved)
     return RolloutResult(run_id=RUN_ID, instance_id=instance_id, rollout=rollout, data_source="swe_bench_verified",
                          agent_name="swe_agent", exit_reason="submitted", patch=patch, reward=float(resolved),
                          resolved=resolved, verification=verification)

@@ -18,6 +18,7 @@ from conftest import AGENT_CONFIG, assistant_turns
 from uni_agent import AgentConfigs, run
 from uni_agent.sandbox import start as sandbox_start
 from uni_agent.episode.agent_loop import UniAgentLoop
+from uni_agent.episode.envelope import run_episode
 from uni_agent.driver.dataset import build_specs
 from uni_agent.llm import ChatClient
 from uni_agent.sandbox import SandboxStartError
@@ -161,7 +162,7 @@ def test_sandbox_start_failures_are_retried_and_leave_nothing(rows):
         with ScriptedLLM(look_then_submit) as server:
             client = ChatClient(server.base_url, "scripted")
             try:
-                return await asyncio.gather(*(UniAgentLoop(s.agent, client, open_sandbox=opener).run(s)
+                return await asyncio.gather(*(run_episode(UniAgentLoop(s.agent), s, client, open_sandbox=opener)
                                               for s in specs))
             finally:
                 await client.aclose()
@@ -188,7 +189,7 @@ def test_sandbox_start_that_keeps_failing_is_a_clear_rollout_error(rows):
         with ScriptedLLM(look_then_submit) as server:
             client = ChatClient(server.base_url, "scripted")
             try:
-                return await asyncio.gather(*(UniAgentLoop(s.agent, client, open_sandbox=opener).run(s)
+                return await asyncio.gather(*(run_episode(UniAgentLoop(s.agent), s, client, open_sandbox=opener)
                                               for s in specs))
             finally:
                 await client.aclose()

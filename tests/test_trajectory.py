@@ -273,7 +273,7 @@ def test_parquet_size_script_measures_both_schemas_of_the_same_rows(tmp_path):
 
     store = ResultStore(tmp_path)
     for i in range(4):
-        store.add(RolloutResult("r", f"t{i}", 0, "d", "a", "submitted", messages='[{"role": "user"}]',
+        store.add(RolloutResult("r", f"t{i}", 0, "d", "a", "submitted", messages=[{"role": "user"}],
                                 input_ids=list(range(500)), loss_mask=[0] * 250 + [1] * 250,
                                 logprobs=[0.0] * 250 + [-0.5] * 250))
     store.flush()

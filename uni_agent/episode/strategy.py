@@ -111,8 +111,12 @@ class AgentStrategy(Protocol):
 
 def strategy_for(agent: AgentConfig) -> AgentStrategy:
     """A fresh strategy of the class the agent config names (`_target_`), built from the config."""
-    strategy = import_object(agent.target)(agent)
-    if not isinstance(strategy, AgentStrategy):
-        raise TypeError(f"agent {agent.name!r}: {agent.target} is not an agent strategy (uni_agent.episode.strategy."
+    cls = import_object(agent.target)
+    refused = TypeError(f"agent {agent.name!r}: {agent.target} is not an agent strategy (uni_agent.episode.strategy."
                         "AgentStrategy: grace_s, sandbox_config, time_limit, act, record)")
+    if not all(callable(getattr(cls, method, None)) for method in ("sandbox_config", "time_limit", "act", "record")):
+        raise refused  # before it is built: its constructor may want anything but an agent config
+    strategy = cls(agent)
+    if not isinstance(strategy, AgentStrategy):
+        raise refused
     return strategy
