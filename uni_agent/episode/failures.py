@@ -10,14 +10,11 @@ the episode ends (the envelope) and again when a grade is recorded (RolloutResul
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..grading.verification import VerificationStatus
+from ..grading.verification import Verification, VerificationStatus
 from ..llm.outage import engine_outage_s
 from .exit_reason import ExitReason
-
-if TYPE_CHECKING:
-    from .rollout import RolloutResult
 
 
 class FailureKind(StrEnum):
@@ -40,12 +37,24 @@ class FailedPart(StrEnum):
 FAILURE_KINDS: tuple[str, ...] = tuple(kind.value for kind in FailureKind)
 
 
-def infra(result: RolloutResult, part: FailedPart, error: str) -> None:
+class Classified(Protocol):
+    """What classification reads and writes of a row (a RolloutResult)."""
+
+    exit_reason: ExitReason
+    error: str | None
+    failure_kind: FailureKind
+    failure_cause: str | None
+    verification: Verification | None
+    resolved: bool
+    started_at: float
+
+
+def infra(result: Classified, part: FailedPart, error: str) -> None:
     """Mark `result` an infrastructure failure of `part`."""
     result.failure_kind, result.failure_cause = FailureKind.INFRA, f"{FailedPart(part).value}: {error}"[:2000]
 
 
-def classify(result: RolloutResult) -> None:
+def classify(result: Classified) -> None:
     """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
     if result.failure_kind == FailureKind.INFRA:
         return
