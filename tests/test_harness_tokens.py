@@ -90,7 +90,7 @@ def test_the_example_program_s_calls_are_one_chain_that_decodes_to_its_calls(lla
     """tools_in: prompt with constrained calls (SmolLM2's template ignores `tools`): the model writes hermes JSON
     calls, the program gets them as function calls; the sampled spans decode to exactly those calls."""
     agent = agent_config("python3 /opt/example/agent.py", {"/opt/example": str(EXAMPLE)}, tools_in="prompt",
-                         tool_parser="hermes", constrain_tool_calls=True)
+                         tool_call_parser="hermes", constrain_tool_calls=True)
     result = run_on_engine(llama_server, agent)
     assert result.num_turns >= 1 and result.exit_reason in ("submitted", "max_turns"), result.error
     check_aligned(result)

@@ -173,3 +173,16 @@ def test_an_image_without_python_is_a_type_the_start_does_not_retry(said, kind):
 
     error = asyncio.run(main())
     assert said in str(error) and (kind is SandboxStartError) == isinstance(error, SandboxStartError)
+
+
+def test_what_crosses_the_actor_boundary_is_a_typed_outcome():
+    import pickle
+
+    from uni_agent.episode.rollout import Finished, Raised, RolloutRaised
+
+    row = RolloutResult(run_id="r", instance_id="t", rollout=0, data_source="d", agent_name="a",
+                        exit_reason="submitted", verification=Verification(status="resolved", resolved=True))
+    done, raised = pickle.loads(pickle.dumps([Finished(row.key, row), Raised(("t", 1), "ValueError: boom")]))
+    assert done.unwrap().verification.status == "resolved" and done.unwrap().exit_reason is ExitReason.SUBMITTED
+    with pytest.raises(RolloutRaised, match="^ValueError: boom$"):
+        raised.unwrap()

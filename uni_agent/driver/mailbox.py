@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ..episode.rollout import RolloutResult, RolloutSpec
+from ..episode.rollout import RolloutRaised, RolloutResult, RolloutSpec
 
 POLL_S = 2.0  # how long one collect call waits for a result before returning empty
 
@@ -70,14 +70,14 @@ class ActorMailbox:
             except Exception as exc:
                 self._fail(exc)
                 return
-            for key, result, error in finished:
-                future = self.pending.get((key[0], int(key[1])))
+            for outcome in finished:
+                future = self.pending.get((outcome.key[0], int(outcome.key[1])))
                 if future is None or future.done():
                     continue  # its driver-side wait was cancelled
-                if error is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(ActorCallError(error))
+                try:
+                    future.set_result(outcome.unwrap())
+                except RolloutRaised as exc:
+                    future.set_exception(ActorCallError(str(exc)))
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"

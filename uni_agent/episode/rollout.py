@@ -138,3 +138,34 @@ class RolloutResult:
         """Not to be trained on: loss_mask all 0, and why."""
         self.masked, self.mask_reason = True, reason
         self.loss_mask = [0] * len(self.loss_mask)
+
+
+class RolloutRaised(RuntimeError):
+    """A rollout's episode raised inside a live agent worker (a fault of the code, not an ending); the message is
+    "<type>: <message>"."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A rollout that came back from its agent worker with its row (the actor's _OK)."""
+
+    key: tuple[str, int]
+    result: RolloutResult
+
+    def unwrap(self) -> RolloutResult:
+        return self.result
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A rollout whose episode raised on its agent worker (the actor's _Error): the error crosses as text, since
+    an exception of any class may not unpickle on the driver."""
+
+    key: tuple[str, int]
+    error: str
+
+    def unwrap(self) -> RolloutResult:
+        raise RolloutRaised(self.error)
+
+
+Outcome = Finished | Raised  # what AgentWorker.collect returns per rollout

@@ -27,7 +27,7 @@ from ..redact import register_secret
 from ..sandbox import Sandbox
 from .envelope import run_episode, sandbox_closer
 from .replica_versions import ReplicaVersions
-from .rollout import RolloutResult, RolloutSpec
+from .rollout import Finished, Outcome, Raised, RolloutResult, RolloutSpec
 from .strategy import strategy_for
 
 log = structlog.get_logger("uni_agent.worker")
@@ -54,7 +54,7 @@ class AgentWorker:
         self.address = worker_address()
         self.emit = worker_emitter()
         # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
-        self._finished: list[tuple[tuple[str, int], RolloutResult | None, str | None]] = []
+        self._finished: list[Outcome] = []
         self._finished_event = asyncio.Event()
         self._running: dict[tuple[str, int], asyncio.Task] = {}  # rollout key -> its task
         self._closing: set[asyncio.Task] = set()  # finished rollouts' sandboxes, closing (envelope.sandbox_closer)
@@ -88,10 +88,11 @@ class AgentWorker:
         return len(specs)
 
     async def _run_to_collect(self, spec: RolloutSpec) -> None:
+        done: Outcome
         try:
-            done: tuple[Any, ...] = (spec.key, await self.run_rollout(spec), None)
+            done = Finished(spec.key, await self.run_rollout(spec))
         except Exception as exc:  # reaches the driver as this rollout's failed actor call
-            done = (spec.key, None, f"{type(exc).__name__}: {exc}")
+            done = Raised(spec.key, f"{type(exc).__name__}: {exc}")
         self.emit.flush()  # its turn events reach the scheduler before the driver's next event for it
         self._finished.append(done)
         self._finished_event.set()
@@ -125,7 +126,7 @@ class AgentWorker:
                     task.cancel()
                 self._finished.clear()
 
-    async def collect(self, wait: float) -> list[tuple[tuple[str, int], RolloutResult | None, str | None]]:
+    async def collect(self, wait: float) -> list[Outcome]:
         """The rollouts finished since the last call; waits up to `wait` seconds for one when there is none."""
         self._last_collect = time.monotonic()
         if not self._finished:
