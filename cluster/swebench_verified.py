@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORDS = REPO_ROOT / "tests" / "fixtures" / "swebench_verified" / "instances.jsonl"
 UNI_AGENT = [sys.executable, "-m", "uni_agent.cli"]
 MB = 1024 * 1024
+OFFICIAL_EVAL_TIMEOUT_S = 1800  # run_evaluation's default timeout
 
 # Run by the official package's interpreter: its own report for each log. make_test_spec also writes the image's
 # environment script, which downloads requirements files; grading does not use it, so the downloads are stubbed.
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     envs_rows = out / "rows_envs.parquet"
     build_s = timed([*UNI_AGENT, "envs", "build", str(rows_path), "--out", str(envs_rows), "--jobs", str(args.jobs),
                      *(["--git-mirror", args.git_mirror] if args.git_mirror else [])], "envs build")
+    official_timeouts(envs_rows)
     grades = {}
     for patch in ("gold", "empty"):
         timed([*UNI_AGENT, "verify", "--data-path", str(envs_rows), "--patch", patch, "--output-dir",
@@ -84,6 +86,20 @@ def preprocess(records: Path, out: Path) -> Path:
         raise SystemExit(f"malformed records: {[str(p) for p in problems]}")
     print(f"{count} rows from the project's preprocessor: {path}", flush=True)
     return path
+
+
+def official_timeouts(rows_path: Path) -> None:
+    """The rows get the official harness's 1800 s for a test run (the local agent config allows 300 s: seaborn's
+    tests took longer on a busy 2-core machine). uni-agent verify has no flag for it: the rows carry it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(rows_path).to_pylist()
+    for row in rows:
+        tools = row["extra_info"]["tools_kwargs"]
+        tools["reward"]["eval_timeout"] = OFFICIAL_EVAL_TIMEOUT_S
+        tools["env"]["deployment"]["runtime_timeout"] = OFFICIAL_EVAL_TIMEOUT_S + 60
+    pq.write_table(pa.Table.from_pylist(rows), rows_path)
 
 
 def timed(argv: list[str], what: str) -> float:

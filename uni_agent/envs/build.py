@@ -215,7 +215,7 @@ def build_env(plan: EnvPlan, source: GitSource, root: Path | None = None) -> Bui
         script = plan.build_script(requirements)
         (building / "build.sh").write_text(script)
         argv = step_argv(StepDirs(scratch / "repo", building / "miniconda3", scratch, root / "pip-cache"),
-                         interpreter, interpreter_dir, script, throwaway_env=False)
+                         interpreter, interpreter_dir, script, throwaway_env=False, constraints=plan.constraints)
         run_step(argv, building / "build.log", f"building the environment of {plan.label}")
         remove_tree(scratch)
         mounts = {CONDA_ROOT: str(final / "miniconda3")}
@@ -251,7 +251,8 @@ def prepare_repo(instance: InstancePlan, env: Built, source: GitSource, root: Pa
         interpreter = Interpreter(**json.loads((Path(env.path) / "env.json").read_text())["interpreter"])
         interpreter_dir = env.mounts.get(interpreter.prefix, interpreter.prefix)
         dirs = StepDirs(building / "repo", Path(env.path) / "miniconda3", building / "scratch", root / "pip-cache")
-        argv = step_argv(dirs, interpreter, interpreter_dir, instance.prepare_script(), throwaway_env=True)
+        argv = step_argv(dirs, interpreter, interpreter_dir, instance.prepare_script(), throwaway_env=True,
+                         constraints=instance.env.constraints)
         run_step(argv, building / "prepare.log", f"preparing the repository of {instance.instance_id}")
         remove_tree(building / "scratch")
         shutil.rmtree(final, ignore_errors=True)

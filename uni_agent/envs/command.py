@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--git-mirror", help="directory of git mirrors (<owner>+<name>/repo, <owner>+<name> or "
                                             "<owner>__<name>); default: clone from GitHub into the cache")
     build.add_argument("--jobs", type=int, default=4, help="builds at once (default 4)")
+    build.add_argument("--constraint", help="a pip constraints file for every install of the builds, e.g. pins for "
+                                            "packages released after the official images were built")
     build.set_defaults(func=cmd_envs)
 
 
@@ -47,7 +49,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
         raise ConfigError(f"{data}: no such file")
     rows = pq.read_table(data).to_pylist()
     out = Path(args.out) if args.out else data.with_name(f"{data.stem}_envs.parquet")
-    plan = plan_rows(rows)
+    constraints = Path(args.constraint).read_text() if args.constraint else ""
+    plan = plan_rows(rows, constraints=constraints)
     for problem in plan.problems:
         say(f"left as it is: {problem}")
     root = envs_root()

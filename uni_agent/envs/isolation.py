@@ -61,8 +61,11 @@ class StepDirs:
     pip_cache: Path  # shared by every step: pip's wheel cache
 
 
+CONSTRAINTS_INSIDE = "/tmp/uni-agent-constraints.txt"
+
+
 def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, script: str, *,
-              throwaway_env: bool) -> list[str]:
+              throwaway_env: bool, constraints: str = "") -> list[str]:
     """The command that runs `script` (bash) in a build sandbox. `interpreter_dir`: the host directory mounted at
     the interpreter's own prefix. `throwaway_env`: the environment is an overlay; what the step writes to it is gone
     with the step."""
@@ -70,6 +73,10 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
     for path in (tmp, home, dirs.pip_cache):
         path.mkdir(parents=True, exist_ok=True)
     (home / ".gitconfig").write_text(GITCONFIG)
+    pip_settings = {}
+    if constraints:  # every pip of the step, build isolation's included, reads PIP_CONSTRAINT
+        (tmp / Path(CONSTRAINTS_INSIDE).name).write_text(constraints)
+        pip_settings["PIP_CONSTRAINT"] = CONSTRAINTS_INSIDE
     conda_root = dirs.conda_root
     prefix: list[str] = []
     if throwaway_env:
@@ -87,7 +94,7 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
         bwrap += ["--ro-bind", interpreter_dir, interpreter.prefix]
     bwrap += ["--bind", str(conda_root), CONDA_ROOT, "--bind", str(dirs.repo), "/testbed",
               "--bind", str(dirs.pip_cache), PIP_CACHE_INSIDE, "--chdir", "/testbed"]
-    for key, value in {**passed_through(), "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
+    for key, value in {**passed_through(), **pip_settings, "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                        "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "USER": "root"}.items():
         bwrap += ["--setenv", key, value]
     return prefix + bwrap + ["bash", "--noprofile", "--norc", "-c", script]

@@ -49,11 +49,13 @@ class EnvPlan:
     pre_install: tuple[str, ...] = ()
     install: str = ""
     requirements_paths: tuple[str, ...] = ()
+    constraints: str = ""  # pip constraints for every install of the build (`envs build --constraint`), as text
 
     @property
     def key(self) -> str:
         """The cache directory's name: readable, and different whenever anything the build uses differs."""
-        what = json.dumps({**self.__dict__, "layout": LAYOUT}, sort_keys=True, default=list)
+        fields = {k: v for k, v in self.__dict__.items() if v or k != "constraints"}  # none: keys as before them
+        what = json.dumps({**fields, "layout": LAYOUT}, sort_keys=True, default=list)
         digest = hashlib.sha256(what.encode()).hexdigest()[:10]
         return f"{self.repo.replace('/', '__')}-{self.version}-{digest}"
 
@@ -109,7 +111,8 @@ def deployment_of(row: Mapping[str, Any]) -> dict[str, Any]:
     return dict(((row.get("extra_info") or {}).get("tools_kwargs") or {}).get("env", {}).get("deployment") or {})
 
 
-def env_plan(instance: Mapping[str, Any], requirements_paths: Callable[[str], Iterable[str]]) -> EnvPlan:
+def env_plan(instance: Mapping[str, Any], requirements_paths: Callable[[str], Iterable[str]],
+             constraints: str = "") -> EnvPlan:
     """The environment an instance (its official fields) needs; ConfigError says why there is none."""
     spec = repo_spec(instance)
     setup_commit = str(instance.get("environment_setup_commit") or "")
@@ -125,7 +128,8 @@ def env_plan(instance: Mapping[str, Any], requirements_paths: Callable[[str], It
         repo=instance["repo"], version=instance["version"], python=str(spec["python"]), setup_commit=setup_commit,
         packages=packages, pip_packages=tuple(spec.get("pip_packages") or ()),
         pre_install=tuple(spec.get("pre_install") or ()), install=str(spec.get("install") or ""),
-        requirements_paths=tuple(requirements_paths(instance["repo"])) if packages == "requirements.txt" else ())
+        requirements_paths=tuple(requirements_paths(instance["repo"])) if packages == "requirements.txt" else (),
+        constraints=constraints)
 
 
 def official_requirements_paths(repo: str) -> list[str]:
@@ -136,9 +140,11 @@ def official_requirements_paths(repo: str) -> list[str]:
 
 
 def plan_rows(rows: Iterable[Mapping[str, Any]],
-              requirements_paths: Callable[[str], Iterable[str]] = official_requirements_paths) -> Plan:
+              requirements_paths: Callable[[str], Iterable[str]] = official_requirements_paths,
+              constraints: str = "") -> Plan:
     """The environments and repositories the rows need. Rows that are not SWE-bench rows of the local backend
-    are left out with a reason; so are rows whose spec cannot be built here."""
+    are left out with a reason; so are rows whose spec cannot be built here. `constraints`: pip constraints (a
+    constraints file's text) for every install, e.g. pins for packages released after the official images."""
     plan = Plan()
     for index, row in enumerate(rows):
         instance = metadata_of(row)
@@ -148,7 +154,7 @@ def plan_rows(rows: Iterable[Mapping[str, Any]],
                                  "environments from this machine (the other backends run the official images)")
             continue
         try:
-            env = env_plan(instance, requirements_paths)
+            env = env_plan(instance, requirements_paths, constraints)
         except (ConfigError, KeyError) as exc:
             plan.problems.append(f"{name}: {exc}")
             continue
