@@ -162,3 +162,19 @@ def test_real_instances_end_to_end(tmp_path):
             theirs = get_eval_report(make_test_spec(record), prediction, str(out / verification["log_file"]),
                                      include_tests_status=True)[record["instance_id"]]
             assert theirs["tests_status"] == ours["tests_status"] and theirs["resolved"] == ours["resolved"]
+
+
+def test_tests_that_cannot_import_what_the_answer_must_add_are_a_wrong_answer():
+    """An empty answer to pylint-4551: the test module imports get_annotation, which the fix adds; nothing ran. That
+    is the answer's fault (official: unresolved), not a broken environment; a missing third-party module still is."""
+    from uni_agent.swebench.environment_failures import environment_failure
+    from uni_agent.swebench.grading import SweGrade
+
+    grade = SweGrade("pylint-dev__pylint-4551", True, {}, {"tests/x.py::test_a": "MISSING"}, {})
+    own_code = ("ImportError while importing test module '/testbed/tests/x.py'.\nE   ImportError: cannot import name "
+                "'get_annotation' from 'pylint.pyreverse.utils' (/testbed/pylint/pyreverse/utils.py)\n")
+    assert environment_failure(own_code, grade, "", None) is None
+    third_party = "E   ModuleNotFoundError: No module named 'astroid'\n"
+    assert "No module named 'astroid'" in environment_failure(third_party, grade, "", None)
+    assert environment_failure("collected 0 items\n", grade, "", None) == \
+        "no FAIL_TO_PASS/PASS_TO_PASS test ran (the answer is empty)"

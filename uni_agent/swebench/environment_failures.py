@@ -10,7 +10,9 @@ answer, is at fault, or None. It is careful not to excuse an answer that broke t
 - some FAIL_TO_PASS / PASS_TO_PASS test did not run, and the log names a module that cannot be imported which the
   answer neither creates nor imports in a line it adds (a missing third-party package, `_pytest._version`);
 - some did not run because the test runner or `conda` itself is missing (`command not found`);
-- none of them ran, and the log mentions no file the answer changed (with an empty answer: none ran at all).
+- none of them ran, and the log mentions no file the answer changed (with an empty answer: none ran at all), unless
+  the tests could not import a name from the repository's own code (`cannot import name 'X' from ... (/testbed/...)`):
+  that name is what the answer had to add, so its absence is a wrong answer (an empty answer to pylint-4551).
 
 An answer whose own file shows up in the log (a syntax error it introduced, an import it added) stays a wrong answer.
 """
@@ -27,6 +29,8 @@ MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module nam
 COMMAND_NOT_FOUND = re.compile(r"^(?:.*: )?(\S+): command not found$", re.MULTILINE)
 PIP_ERROR = re.compile(r"^ERROR: .+$", re.MULTILINE)
 DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+# An import of the repository's own code that fails for a name it lacks: the tests need what the answer must add.
+NAME_MISSING_IN_REPO = re.compile(r"cannot import name '?[\w.]+'? from '?[\w.]+'? \(/testbed/")
 ADDED_IMPORT = re.compile(r"^\+\s*(?:from\s+([\w.]+)\s+import|import\s+([\w., ]+))", re.MULTILINE)
 
 
@@ -45,7 +49,7 @@ def environment_failure(log: str, grade: SweGrade, patch: str, install_command: 
                     f"No module named {module!r}, which the answer neither adds nor imports")
     for command in COMMAND_NOT_FOUND.findall(log):
         return f"{len(missing)} of {len(tests)} FAIL_TO_PASS/PASS_TO_PASS tests did not run: {command}: command not found"
-    if len(missing) == len(tests):
+    if len(missing) == len(tests) and not NAME_MISSING_IN_REPO.search(log):
         touched = patched_files(patch)
         if not any(path in log for path in touched):
             why = "the answer is empty" if not patch.strip() else "the log mentions no file the answer changed"
