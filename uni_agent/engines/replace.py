@@ -21,7 +21,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -29,8 +29,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from ..llm.relocation import forget_moves, record_moves, scope_of
 from .placement import PlacementError
 
-if TYPE_CHECKING:
-    from . import Engines
+from .running import RunningEngines as Engines  # the run's engines as these functions see them
 
 log = structlog.get_logger("uni_agent.engines")
 Report = Callable[..., None]  # watch._report: (level, message, event, **fields)

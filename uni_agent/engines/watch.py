@@ -9,12 +9,11 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
-if TYPE_CHECKING:
-    from . import Engines
+from .running import RunningEngines as Engines  # the run's engines as these functions see them
 
 log = structlog.get_logger("uni_agent.engines")
 T = TypeVar("T")

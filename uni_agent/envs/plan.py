@@ -71,7 +71,7 @@ class EnvPlan:
         if self.packages == "requirements.txt":
             if requirements is None:
                 raise ConfigError(f"{self.label}: packages: requirements.txt, but no requirements file was read")
-            lines += [f"cat > {REQUIREMENTS_FILE} <<'UNI_AGENT_EOF'\n{requirements}\nUNI_AGENT_EOF",
+            lines += [f"cat > {REQUIREMENTS_FILE} <<'UA_REQUIREMENTS_EOF'\n{requirements}\nUA_REQUIREMENTS_EOF",
                       f"python -m pip install -r {REQUIREMENTS_FILE}"]
         elif self.packages:
             lines.append("python -m pip install " + " ".join(shlex.quote(p) for p in self.packages.split()))
