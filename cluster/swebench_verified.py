@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORDS = REPO_ROOT / "tests" / "fixtures" / "swebench_verified" / "instances.jsonl"
+CONSTRAINTS = RECORDS.with_name("constraints.txt")
 UNI_AGENT = [sys.executable, "-m", "uni_agent.cli"]
 MB = 1024 * 1024
 OFFICIAL_EVAL_TIMEOUT_S = 1800  # run_evaluation's default timeout
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", default=str(RECORDS), help="SWE-bench records (JSONL)")
     parser.add_argument("--git-mirror", help="mirrors of the repositories (uni-agent envs build --git-mirror)")
     parser.add_argument("--jobs", type=int, default=3, help="environment builds at once")
+    parser.add_argument("--constraint", default=str(CONSTRAINTS) if CONSTRAINTS.is_file() else None,
+                        help="pip constraints for the builds (default: the fixture's constraints.txt, see its README)")
     parser.add_argument("--official-python", help="a Python with swebench==4.1.0 (default: a venv made under --out)")
     parser.add_argument("--local-workers", type=int, default=2, help="verify's worker processes")
     args = parser.parse_args(argv)
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     rows_path = preprocess(Path(args.records), out)
     envs_rows = out / "rows_envs.parquet"
     build_s = timed([*UNI_AGENT, "envs", "build", str(rows_path), "--out", str(envs_rows), "--jobs", str(args.jobs),
-                     *(["--git-mirror", args.git_mirror] if args.git_mirror else [])], "envs build")
+                     *(["--git-mirror", args.git_mirror] if args.git_mirror else []),
+                     *(["--constraint", args.constraint] if args.constraint else [])], "envs build")
     official_timeouts(envs_rows)
     grades = {}
     for patch in ("gold", "empty"):
@@ -142,7 +146,7 @@ def compare_with_official(python: str, envs_rows: Path, grades: dict, out: Path)
             key = f"{instance_id}/{patch}"
             items.append({"key": key, "instance": instance, "log": str(out / patch / verification["log_file"]),
                           "patch": instance["patch"] if patch == "gold" else ""})
-            ours[key] = verification.get("report", {}).get(instance_id, {})
+            ours[key] = (verification.get("report") or {}).get(instance_id) or {}
     (out / "official-input.json").write_text(json.dumps(items))
     subprocess.run([python, "-c", OFFICIAL_CHECK, str(out / "official-input.json"), str(out / "official.json")],
                    check=True)
@@ -152,13 +156,13 @@ def compare_with_official(python: str, envs_rows: Path, grades: dict, out: Path)
         mine = ours[key]
         tests = agreed = 0
         for kind in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-            statuses = [(theirs.get("tests_status", {}).get(kind, {}), mine.get("tests_status", {}).get(kind, {}))]
-            for official_status, our_status in statuses:
-                names = set(official_status.get("success", [])) | set(official_status.get("failure", []))
-                names |= set(our_status.get("success", [])) | set(our_status.get("failure", []))
-                for name in names:
-                    tests += 1
-                    agreed += (name in official_status.get("success", [])) == (name in our_status.get("success", []))
+            official_status = (theirs.get("tests_status") or {}).get(kind) or {}
+            our_status = (mine.get("tests_status") or {}).get(kind) or {}
+            official_passed, our_passed = set(official_status.get("success", [])), set(our_status.get("success", []))
+            for name in official_passed | set(official_status.get("failure", [])) | our_passed | set(
+                    our_status.get("failure", [])):
+                tests += 1
+                agreed += (name in official_passed) == (name in our_passed)
         agreement[key] = {"tests": tests, "agreed": agreed,
                           "resolved_agrees": bool(theirs.get("resolved")) == bool(mine.get("resolved"))}
     return agreement
