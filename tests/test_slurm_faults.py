@@ -6,11 +6,11 @@ slurmd and munged on localhost (tests/slurm_fixture.py), the cluster of docs/slu
    cluster) is `scancel`ed mid-run: the engine is placed again on the other job's worker, the driver says which engine
    went down and on which worker, and no rollout is recorded as the model's failure for the outage.
 2. The driver as a job (cluster/driver.sbatch) is stopped mid-run twice: by SLURM's warning before its time limit
-   (`--signal=B:USR1@N`, which driver.sbatch asks for) and by `scancel` (SIGTERM). Each time every finished rollout is on
-   disk, as many as the driver's last line says, and the last rerun runs only the rest. The model there is a ScriptedLLM
-   (a real HTTP server with scripted replies, in this test process): rollouts end in seconds, and rollouts past a
-   number the test sets are held at their first reply, so that some are finished and some in flight when the signal
-   comes. The sandboxes and their grading are real.
+   (`--signal=B:USR1@N`, which driver.sbatch asks for) and by `scancel` (SIGTERM). Each time every finished rollout
+   is on disk, as many as the driver's last line says, and the last rerun runs only the rest. The model there is a
+   ScriptedLLM (a real HTTP server with scripted replies, in this test process): rollouts end in seconds, and
+   rollouts past a number the test sets are held at their first reply, so that some are finished and some in flight
+   when the signal comes. The sandboxes and their grading are real.
 """
 
 import json
@@ -135,7 +135,7 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
         [survivor] = [addr for addr in workers if addr != lost]
         cancel = run_as(cluster.user, ["scancel", job], env=cluster.env)
         assert cancel.returncode == 0, cancel.stderr
-        cancelled_at = time.monotonic()
+        cancelled_at, cancelled_wall = time.monotonic(), time.time()
         _, err = driver.communicate(timeout=540)
     finally:
         if driver.poll() is None:
@@ -159,9 +159,15 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
     down = rows[rows.failure_kind == "infra"]
     assert (down.exit_reason == ExitReason.ENGINE_DOWN).all(), outcome.to_dict("records")
     assert set(rows.worker) <= {lost, survivor}
+    # Rollouts in flight on the other job's worker waited for the engine and went on with it in its new place.
+    across = (rows.started_at < cancelled_wall) & (rows.finished_at > cancelled_wall)
+    spanning = rows[across & (rows.worker == survivor)]
+    assert len(spanning) >= 1, outcome.assign(started_at=rows.started_at, finished_at=rows.finished_at,
+                                              cancelled=cancelled_wall).to_dict("records")
     summary = json.loads((out / "summary.json").read_text())
     print(f"\nengine's job {job} cancelled {cancelled_at - started:.0f} s into the run; engine serving again on the "
-          f"other job's worker after {replaced['down_s']:.1f} s; run {took:.0f} s, {len(rows)} rows, exit reasons "
+          f"other job's worker after {replaced['down_s']:.1f} s; {len(spanning)} rollouts in flight there went on "
+          f"across it; run {took:.0f} s, {len(rows)} rows, exit reasons "
           f"{summary['exit_reasons']}, {len(down)} infra\n"
           + "\n".join(line for line in err.splitlines() if "engine" in line))
     if len(down):  # still infra after the run's own reruns: the next run runs them, without --retry-errors
@@ -250,8 +256,9 @@ def test_the_driver_job_stopped_mid_run_keeps_every_finished_rollout(cluster, sl
                            f"the driver job {second} to end after scancel")
             recorded = stopped(cluster, second, out, "SIGTERM", model)
             assert recorded >= warned + 2
-            print(f"driver job {second}: scancel -> gone in {time.monotonic() - cancelled:.1f} s, {recorded} "
-                  "rollouts recorded")
+            state = re.findall(r"(JobState|ExitCode)=(\S+)", slurm.run("scontrol", "show", "job", second).stdout)
+            print(f"driver job {second}: scancel -> gone in {time.monotonic() - cancelled:.1f} s ({state}), "
+                  f"{recorded} rollouts recorded")
 
             gate.open()
             last = sbatch(cluster, *flags)
