@@ -101,6 +101,7 @@ def _ports(log: Path) -> list[int]:
 
 
 @pytest.mark.llm
+@pytest.mark.timeout(1500)  # a real llama-server on 2 cores: 69 s quiet, 454 s for the file at load 15-20
 @needs_server
 def test_the_engines_worker_killed_mid_run_the_engine_serves_again_elsewhere(tmp_path, cluster, capfd):
     local, client = cluster
