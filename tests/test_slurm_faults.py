@@ -116,6 +116,7 @@ def events(out: Path, name: str) -> list[dict]:
 # ---- 1. the sandbox-worker job holding the engine cancelled ---------------------------------------------------------
 
 @pytest.mark.llm
+@pytest.mark.timeout(1500)  # SmolLM2 on 2 cores under SLURM: 221-428 s at load 12-23; the suite's 600 s ends pytest
 def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts(cluster, slurm):  # noqa: F811
     out = cluster.shared / "runs" / "engine-lost"
     log = out / "logs" / "engine-0.log"
@@ -220,6 +221,7 @@ def inputs(cluster):
     shutil.rmtree(where, ignore_errors=True)
 
 
+@pytest.mark.timeout(1200)
 def test_the_driver_job_stopped_mid_run_keeps_every_finished_rollout(cluster, slurm, inputs):  # noqa: F811
     data, config = inputs
     out = cluster.shared / "runs" / "driver-stopped"
