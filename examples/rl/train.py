@@ -44,6 +44,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("outputs/rl-train"))
     p.add_argument("--model", default=None, help="GGUF to start from (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--tiny", action="store_true", help="a random 2-layer model over the model's vocabulary")
+    p.add_argument("--tokenizer", default=None, help="--tiny: a folder of tokenizer files instead of --model's")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--time-budget", type=float, default=0, help="seconds: start no step that would end after it "
                    "(leaving time for the held-out evaluation); 0: no limit")
@@ -81,9 +82,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(args.seed)
-    base = args.model or default_model_path()
+    base = args.model or (None if args.tokenizer else default_model_path())
     if args.tiny:
-        tokenizer = load_tokenizer(base)
+        tokenizer = load_tokenizer(args.tokenizer or base)
         model = tiny_policy(tokenizer, seed=args.seed, device=device)
     else:
         model, tokenizer = load_policy(base, device=device)

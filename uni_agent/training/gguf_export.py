@@ -42,7 +42,7 @@ class ExportTimes:
 
     @property
     def seconds(self) -> float:
-        return self.save_s + self.convert_s
+        return round(self.save_s + self.convert_s, 3)
 
 
 def converter_dir(sdist: str | Path | None = None) -> Path:

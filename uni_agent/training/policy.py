@@ -27,11 +27,14 @@ def require_train_extra() -> None:
         raise RuntimeError(f"the trainer needs torch and transformers: {TRAIN_EXTRA_HINT}") from exc
 
 
-def load_tokenizer(gguf_path: str | Path) -> Any:
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a GGUF file, or of a folder of Hugging Face tokenizer files (one save_policy wrote)."""
     require_train_extra()
     from transformers import AutoTokenizer
 
-    path = Path(gguf_path)
+    path = Path(path)
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 

@@ -1,0 +1,101 @@
+"""One real gradient step changes what the served model answers: the trainer's own path end to end, on the CPU.
+
+A random 2-layer Llama over SmolLM2's vocabulary (uni_agent.training.policy.tiny_policy) is written as a GGUF by
+llama.cpp's converter and served by llama-server through the rollout service; two rollouts of a setting-edit task
+come back with their tokens; the trainer takes one GRPO step that rewards the first rollout and penalises the
+second (a random model earns no reward of its own, so the test sets the two rewards); the new weights go to the
+engine with update_weights. Then, at the first rollout's sampled positions, the served model gives the rewarded
+tokens a higher logprob than before, its most likely next tokens are not the same, and its logprobs are the
+trainer's own (F16 against F32).
+
+Needs the `train` extra (torch, transformers): skipped, saying so, where it is not installed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytest.importorskip("torch", reason="the train extra is not installed (pip install 'uni-agent[train]')")
+pytest.importorskip("transformers", reason="the train extra is not installed (pip install 'uni-agent[train]')")
+
+import torch  # noqa: E402
+
+from pathlib import Path  # noqa: E402
+
+from uni_agent.engines.llama_cpp import default_model_path  # noqa: E402
+from uni_agent.online import RolloutService  # noqa: E402
+from uni_agent.online.loop_thread import LoopThread  # noqa: E402
+from uni_agent.tasks.setting_edits import task_rows, write_tasks  # noqa: E402
+from uni_agent.training.gguf_export import export_gguf  # noqa: E402
+from uni_agent.training.policy import load_tokenizer, tiny_policy  # noqa: E402
+from uni_agent.training.trainer import GRPOTrainer, TrainConfig, examples_from_groups  # noqa: E402
+
+pytestmark = pytest.mark.llm
+AGENT = Path(__file__).resolve().parents[1] / "examples" / "rl" / "agent_rl.yaml"
+POSITIONS = 16
+
+
+def _served(url: str, key: str | None, ids: list[int], positions: list[int]) -> tuple[list[float], list[int]]:
+    """For each i: the served model's logprob of ids[i] after ids[:i] (the token forced by a logit bias; the server
+    reports the logprob of the raw model distribution) and its most likely token there (ignore_eos: an
+    end-of-generation token would end the answer unreported)."""
+    root = url.removesuffix("/v1")
+    logprobs, top = [], []
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
+        for i in positions:
+            body = {"prompt": ids[:i], "n_predict": 1, "temperature": 0, "n_probs": 1, "ignore_eos": True}
+            forced = http.post(f"{root}/completion", json={**body, "logit_bias": [[ids[i], 100.0]]}).json()
+            free = http.post(f"{root}/completion", json=body).json()
+            assert "completion_probabilities" in forced and "completion_probabilities" in free, (forced, free)
+            assert forced["completion_probabilities"][0]["id"] == ids[i]
+            logprobs.append(float(forced["completion_probabilities"][0]["logprob"]))
+            top.append(int(free["completion_probabilities"][0]["top_logprobs"][0]["id"]))
+    return logprobs, top
+
+
+def _trainer_logprobs(model, ids: list[int], positions: list[int]) -> list[float]:
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float(), -1)
+    return [float(logprobs[i - 1, ids[i]]) for i in positions]
+
+
+def test_one_gradient_step_changes_what_the_served_model_answers(dask_client, tmp_path):
+    tokenizer = load_tokenizer(default_model_path())
+    model = tiny_policy(tokenizer, seed=0)
+    v0, v1 = tmp_path / "v0.gguf", tmp_path / "v1.gguf"
+    export_gguf(model, tokenizer, v0, work_dir=tmp_path / "hf")
+    rows = task_rows(write_tasks(tmp_path / "tasks", "train", 1))
+    loop = LoopThread()
+    service = loop.run(RolloutService.start(
+        AGENT, scheduler_address=dask_client.scheduler.address, output_dir=str(tmp_path / "service"),
+        engine="llama_cpp", model_path=str(v0), max_turns=1, max_tokens=32, temperature=1.0, top_p=1.0,
+        verify=False, engine_parallel=2, context_length=4096), timeout=600)
+    try:
+        batch = loop.run(service.submit(rows, n=2), timeout=60)
+        groups = loop.run(_groups(batch), timeout=600)
+        results = groups[0].results
+        assert len(results) == 2 and all(r.version_max == 0 for r in results)
+        rewarded = results[0]
+        sampled = [i for i, v in enumerate(rewarded.token_versions) if v == 0][:POSITIONS]
+        assert len(sampled) >= 8, f"too few sampled tokens: {rewarded.token_versions}"
+        url = service.engines.urls[0]
+        before, top_before = _served(url, service.engines.api_key, list(rewarded.input_ids), sampled)
+        results[0].reward, results[1].reward = 1.0, 0.0  # a random model earns nothing: the test hands out reward
+        stats = GRPOTrainer(model, TrainConfig(lr=0.03, minibatches=1)).step(examples_from_groups(groups))
+        assert stats["optimizer_steps"] == 1 and stats["gap"]["abs_mean"] < 0.05, stats  # served = trained, v0
+        export_gguf(model, tokenizer, v1, work_dir=tmp_path / "hf")
+        loop.run(service.update_weights(1, str(v1)), timeout=600)
+        after, top_after = _served(url, service.engines.api_key, list(rewarded.input_ids), sampled)
+        trained = _trainer_logprobs(model, list(rewarded.input_ids), sampled)
+    finally:
+        loop.run(service.close(), timeout=300)
+        loop.stop()
+    rise = sum(x - y for x, y in zip(after, before, strict=True)) / len(sampled)
+    assert rise > 0.3, f"the rewarded tokens' served logprobs rose by {rise:.3f} on average"
+    assert top_after != top_before, "the served model's most likely tokens did not change"
+    # the served model is the trained one: F16 weights against the trainer's F32, a few hundredths at most
+    assert max(abs(x - y) for x, y in zip(after, trained, strict=True)) < 0.05, (after, trained)
+
+
+async def _groups(batch):
+    return [g async for g in batch.groups()]
