@@ -1,7 +1,7 @@
 """A Dask cluster on one GPU machine for the RL example: a TLS scheduler, one GPU worker (the engines' llama-servers)
 and one sandbox worker (agents and sandboxes), as processes, as cluster/engine_compare.py starts them.
 
-    with gpu_cluster(Path("outputs/rl/cluster"), sandbox_threads=8) as (scheduler_file, tls_dir):
+    with gpu_cluster(Path("outputs/rl/cluster"), sandbox_workers=4) as (scheduler_file, tls_dir):
         service = await RolloutService.start(..., scheduler_file=str(scheduler_file), tls_dir=str(tls_dir),
                                              engine_device="gpu", n_gpus_per_node=1)
 
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def gpu_cluster(work: Path, *, sandbox_threads: int = 8, sandboxes: int = 256, gpus: int = 1
-                ) -> Iterator[tuple[Path, Path]]:
+def gpu_cluster(work: Path, *, sandbox_workers: int = 4, sandbox_threads: int = 3, sandboxes: int = 256,
+                gpus: int = 1) -> Iterator[tuple[Path, Path]]:
     """(scheduler file, TLS credentials dir) of a cluster that lives as long as the block."""
     from uni_agent.driver.tls import write_credentials
 
@@ -43,13 +43,13 @@ def gpu_cluster(work: Path, *, sandbox_threads: int = 8, sandboxes: int = 256, g
             if time.monotonic() > deadline or procs[0].poll() is not None:
                 raise RuntimeError(f"no scheduler file; see {logs / 'scheduler.log'}")
             time.sleep(0.2)
-        common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard", "--nworkers",
-                  "1", *credentials]
+        common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--no-dashboard", *credentials]
         procs.append(_start(logs, "gpu-worker", "distributed.cli.dask_worker", *common, "--name", "gpu-worker",
-                            "--nthreads", "2", "--resources", f"GPU={gpus}"))
-        procs.append(_start(logs, "sandbox-worker", "distributed.cli.dask_worker", *common, "--name",
-                            "sandbox-worker", "--nthreads", str(sandbox_threads), "--resources",
-                            f"SANDBOX={sandboxes}"))
+                            "--nworkers", "1", "--nthreads", "2", "--resources", f"GPU={gpus}"))
+        # several processes: each runs its agents' loops on one event loop (docs/benchmarks.md)
+        procs.append(_start(logs, "sandbox-workers", "distributed.cli.dask_worker", *common, "--name",
+                            "sandbox-worker", "--nworkers", str(sandbox_workers), "--nthreads", str(sandbox_threads),
+                            "--resources", f"SANDBOX={sandboxes}"))
         yield scheduler_file, tls
     finally:
         for proc in reversed(procs):

@@ -64,8 +64,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--gpu", action="store_true", help="llama-servers on this machine's GPU (a cluster of our own)")
     p.add_argument("--servers", type=int, default=4, help="llama-servers on the GPU")
+    p.add_argument("--engine-device", default="gpu", help="--gpu: where the cluster's engines run (cpu: to try the "
+                   "cluster's processes on a machine without a GPU)")
     p.add_argument("--slots", type=int, default=0, help="engine slots in all (default: every rollout of a batch)")
-    p.add_argument("--sandbox-threads", type=int, default=8)
+    p.add_argument("--sandbox-workers", type=int, default=4, help="--gpu: sandbox worker processes")
+    p.add_argument("--sandbox-threads", type=int, default=3, help="--gpu: threads per sandbox worker")
     p.add_argument("--context-length", type=int, default=4096)
     p.add_argument("--test-cmd", default=None, help="the graders' test command (default: python -m pytest ...)")
     p.add_argument("--sdist", default=None, help="the llama-cpp-python sdist holding the converter")
@@ -80,7 +83,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out.resolve()
     (out / "weights").mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False  # full F32: the gap to the engine is then the engine's own
     torch.manual_seed(args.seed)
     base = args.model or (None if args.tokenizer else default_model_path())
     if args.tiny:
@@ -113,9 +116,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.gpu:
             from gpu_cluster import gpu_cluster
 
-            scheduler_file, tls = stack.enter_context(gpu_cluster(out / "cluster",
-                                                                  sandbox_threads=args.sandbox_threads))
-            engine.update(scheduler_file=str(scheduler_file), tls_dir=str(tls), engine_device="gpu",
+            scheduler_file, tls = stack.enter_context(gpu_cluster(
+                out / "cluster", sandbox_workers=args.sandbox_workers, sandbox_threads=args.sandbox_threads))
+            engine.update(scheduler_file=str(scheduler_file), tls_dir=str(tls), engine_device=args.engine_device,
                           n_gpus_per_node=1, engine_servers_per_gpu=args.servers)
         service = await RolloutService.start(agent_config, output_dir=str(out / "service"),
                                              max_staleness=args.max_staleness, **engine)
@@ -142,7 +145,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             asked_version = batch.version
             if mode == "async":  # the next batch samples from the version now serving while we train
                 batch = await service.submit(train, n=args.n, step=step + 1)
-            stats = trainer.step(examples_from_groups(groups))
+            stats = trainer.step(examples_from_groups(groups), version=service.version)
             weights = out / "weights" / f"v{service.version + 1}.gguf"
             exported = export_gguf(model, tokenizer, weights, work_dir=out / "hf", sdist=args.sdist)
             report = await service.update_weights(service.version + 1, str(weights))
@@ -218,13 +221,21 @@ def mean(values: list[float]) -> float:
     return round(statistics.fmean(values), 4) if values else 0.0
 
 
+def stale_gap(gap: dict[str, Any]) -> str:
+    older = gap.get("older_versions") or {}
+    if not older.get("tokens"):
+        return ""
+    return (f" (current version {gap['current_version']['abs_mean']:.4f}, older versions {older['abs_mean']:.4f} over "
+            f"{older['tokens']} tokens)")
+
+
 def step_line(m: dict[str, Any]) -> str:
     s, v, g = m["seconds"], m["versions"], m["gap"]
     return (f"step {m['step']} [{m['mode']}] v{m['policy_version']}: reward {m['reward_mean']:.3f} "
             f"{m['reward_by_level']} ({m['rollouts']} rollouts, {m['groups_with_signal']}/{m['groups']} groups "
             f"with signal) | s: rollouts {s['rollouts']}, training {s['training']}, weight switch "
             f"{s['weight_switch']} (export {s['export']}, update {s['switch']}), step {s['step']} | gap "
-            f"|dlogp| {g['abs_mean']:.4f} over {g['tokens']} tokens, kl {g['kl_k3']:.5f} | versions "
+            f"|dlogp| {g['abs_mean']:.4f} over {g['tokens']} tokens, kl {g['kl_k3']:.5f}{stale_gap(g)} | versions "
             f"{v['tokens_per_version']}, spanning {v['spanning']}, masked {v['masked_stale']}, inconsistent "
             f"{v['inconsistent']} | loss {m['trainer']['loss']:.4f}, clip {m['trainer']['clip_fraction']:.3f}")
 

@@ -76,8 +76,11 @@ class GRPOTrainer:
         self.rng = random.Random(self.config.seed)
         self.steps = 0
 
-    def step(self, examples: list[Example]) -> dict[str, Any]:
-        """Recompute the old logprobs, measure the sampler gap, update; returns the step's figures."""
+    def step(self, examples: list[Example], version: int | None = None) -> dict[str, Any]:
+        """Recompute the old logprobs, measure the sampler gap, update; returns the step's figures. `version`: the
+        policy version the trainer's weights are (the one serving): the gap is then also split into the tokens that
+        version sampled (numerics alone: F16 GGUF against F32) and those older versions sampled (asynchronous
+        rows: numerics plus the policy's own change)."""
         import torch
 
         started = time.monotonic()
@@ -86,6 +89,9 @@ class GRPOTrainer:
         old = self._logprobs(examples)  # per example, on the CPU: the ratio's reference and the gap's
         recomputed = time.monotonic()
         gap = self._gap(examples, old)
+        if version is not None:
+            gap["current_version"] = self._gap(examples, old, lambda v: v == version)
+            gap["older_versions"] = self._gap(examples, old, lambda v: 0 <= v < version)
         learn = [i for i, e in enumerate(examples) if e.advantage != 0 and e.trained_tokens > 0]
         losses, clip_fractions, ratios, weights, norms = [], [], [], [], []
         self.model.train()
@@ -137,12 +143,13 @@ class GRPOTrainer:
                     out[i] = logprobs[row, :int(attention[row].sum())]
         return out
 
-    def _gap(self, examples: list[Example], old: list[Any]) -> dict[str, float]:
+    def _gap(self, examples: list[Example], old: list[Any], chosen: Any = None) -> dict[str, Any]:
+        """The sampler-vs-trainer gap over the sampled tokens (those whose version `chosen` accepts, when given)."""
         import torch
 
         sampler = torch.cat([torch.tensor(e.sampler_logprobs, dtype=torch.float32) for e in examples]) \
             if examples else torch.zeros(0)
-        sampled = torch.cat([torch.tensor(_sampled(e), dtype=torch.float32) for e in examples]) \
+        sampled = torch.cat([torch.tensor(_sampled(e, chosen), dtype=torch.float32) for e in examples]) \
             if examples else torch.zeros(0)
         trainer = torch.cat(old) if old else torch.zeros(0)
         return logprob_gap(sampler, trainer, sampled)
@@ -188,12 +195,12 @@ class GRPOTrainer:
         return out.to(self.device)
 
 
-def _sampled(example: Example) -> list[int]:
-    """1 on the tokens a model sampled: from the versions where the row has them (a masked row's loss mask is 0
-    on its sampled tokens too), else from the loss mask."""
+def _sampled(example: Example, chosen: Any = None) -> list[int]:
+    """1 on the tokens a model sampled (of a version `chosen` accepts): from the versions where the row has them
+    (a masked row's loss mask is 0 on its sampled tokens too), else from the loss mask."""
     if len(example.versions) == len(example.input_ids):
-        return [1 if v >= 0 else 0 for v in example.versions]
-    return list(example.loss_mask)
+        return [1 if v >= 0 and (chosen is None or chosen(v)) else 0 for v in example.versions]
+    return list(example.loss_mask) if chosen is None else [0] * len(example.loss_mask)
 
 
 def _mean(values: list[float]) -> float:

@@ -8,9 +8,9 @@ source $S/env.sh || { echo "no $S/env.sh: call 1 did not run on this machine"; e
 cat $S/smol.gguf.xz.aa $C/smol.gguf.xz.ab | xz -dc -T0 > $S/smol.gguf
 echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $S/smol.gguf" | sha256sum -c || exit 1
 mkdir -p $OUT/run
-cd $S/tree && timeout $((${TRAIN_BUDGET:-510} + 60)) python3 examples/rl/train.py --gpu --model $S/smol.gguf \
-  --steps 60 --time-budget ${TRAIN_BUDGET:-510} --train-tasks 16 --heldout-tasks 12 --n 8 --eval-n 8 \
-  --async-from ${ASYNC_FROM:-5} --max-staleness 1 --lr ${LR:-4e-5} --servers 4 --sandbox-threads 12 \
+cd $S/tree && timeout $((${TRAIN_BUDGET:-480} + 60)) python3 examples/rl/train.py --gpu --model $S/smol.gguf \
+  --steps 60 --time-budget ${TRAIN_BUDGET:-480} --train-tasks 16 --heldout-tasks 12 --n 8 --eval-n 8 \
+  --async-from ${ASYNC_FROM:-5} --max-staleness 1 --lr ${LR:-5e-5} --servers 4 --sandbox-workers 4 --sandbox-threads 3 \
   --sdist $S/llama_cpp_python-0.3.36.tar.gz ${TEST_CMD:+--test-cmd "$TEST_CMD"} --out $S/run 2>&1 \
   | grep -v "Writing model shards" | tee $OUT/run/train.txt
 cp $S/run/metrics.jsonl $S/run/summary.json $S/run/service/service.json $OUT/run/ 2>/dev/null
