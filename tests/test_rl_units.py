@@ -8,7 +8,6 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -64,7 +63,8 @@ def test_logprob_gap_counts_only_reported_sampled_tokens():
 def _row(versions, asked, vmin=None, vmax=None, action=None):
     sampled = [v for v in versions if v >= 0]
     return {"instance_id": "t", "rollout": 0, "token_versions": versions, "policy_version": asked,
-            "version_min": min(sampled) if vmin is None else vmin, "version_max": max(sampled) if vmax is None else vmax,
+            "version_min": min(sampled) if vmin is None else vmin,
+            "version_max": max(sampled) if vmax is None else vmax,
             "staleness_action": action}
 
 
@@ -88,8 +88,10 @@ def test_setting_tasks_are_reproducible_split_and_graded_by_their_tests(tmp_path
     assert [(t / "instance.json").read_text() for t in train] == [(t / "instance.json").read_text() for t in again]
     instances = [json.loads((t / "instance.json").read_text()) for t in train + heldout]
     assert {i["level"] for i in instances} == set(LEVELS)
-    names = lambda ts: {json.loads((t / "instance.json").read_text())["FAIL_TO_PASS"][0].split("test_")[-1].upper()
-                        for t in ts}  # noqa: E731
+
+    def names(tasks):
+        return {json.loads((t / "instance.json").read_text())["FAIL_TO_PASS"][0].split("test_")[-1].upper()
+                for t in tasks}
     assert names(train) <= set(TRAIN_NAMES) and names(heldout) <= set(HELDOUT_NAMES)
     rows = task_rows(train[:3])
     assert [r["prompt"][1]["content"] for r in rows] == [i["problem_statement"] for i in instances[:3]]
