@@ -59,6 +59,7 @@ def plot(steps: list[dict[str, Any]], summary: dict[str, Any], png: Path) -> Non
     if asyncs:
         ax.axvspan(min(asyncs) - 0.5, max(asyncs) + 0.5, color="0.9", label="asynchronous steps")
     ax.set(xlabel="step", ylabel="mean reward", title="Reward per step (GRPO, SmolLM2-135M)", ylim=(-0.02, 1.02))
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=7)
     ax = axes[1]
     before, after = summary.get("heldout_before") or {}, summary.get("heldout_after") or {}
@@ -78,6 +79,7 @@ def plot(steps: list[dict[str, Any]], summary: dict[str, Any], png: Path) -> Non
         ax.bar(x, heights, bottom=bottom, label=label)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set(xlabel="step", ylabel="seconds", title="Seconds per step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "device": device,
                                    "first_export_s": first_export.seconds}
         summary["heldout_before"] = await evaluate(service, heldout, args, levels, "before")
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))  # a run cut short keeps it
         eval_s = summary["heldout_before"].get("seconds", 0.0)
         step_times: list[float] = []
         metrics_file = out / "metrics.jsonl"
