@@ -122,3 +122,23 @@ def _cmd(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def scripted_run_inputs(where: Path, **agent_fields) -> tuple[Path, Path]:
+    """The bundled tasks as rows and the default agent config with API tool calls (what a ScriptedLLM answers), in
+    `where`, readable by every user (other users' runs read them). `agent_fields` set top-level agent fields."""
+    import yaml
+
+    from uni_agent.tasks.swe_form import convert
+
+    data = where / "rows.parquet"
+    convert(None, data)
+    agents = yaml.safe_load(AGENT_CONFIG.read_text())
+    for agent in agents:
+        agent.setdefault("interaction", {}).update(tools_in="api", constrain_tool_calls=False, max_turns=5)
+        agent.update(agent_fields)
+    config = where / "agents.yaml"
+    config.write_text(yaml.safe_dump(agents))
+    for path in (data, config):
+        path.chmod(0o644)
+    return data, config

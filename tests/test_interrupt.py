@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import AGENT_CONFIG, REPO_ROOT, assistant_turns, poll_until
+from conftest import REPO_ROOT, assistant_turns, poll_until, scripted_run_inputs
 from test_run_dask import solver
-from uni_agent.tasks.swe_form import convert
 from uni_agent.testing.scripted_llm import ScriptedLLM
 
 SCRIPT = REPO_ROOT / "examples/agent_interaction/parallel_infer.py"
@@ -28,15 +26,7 @@ SCRIPT = REPO_ROOT / "examples/agent_interaction/parallel_infer.py"
 
 @pytest.fixture
 def inputs(tmp_path):
-    data = tmp_path / "rows.parquet"
-    convert(None, data)
-    agents = yaml.safe_load(AGENT_CONFIG.read_text())
-    for agent in agents:
-        agent.setdefault("interaction", {}).update(tools_in="api", constrain_tool_calls=False, max_turns=5)
-        agent["concurrency"] = 2  # rollouts finish one after another while the signal arrives
-    config = tmp_path / "agents.yaml"
-    config.write_text(yaml.safe_dump(agents))
-    return data, config
+    return scripted_run_inputs(tmp_path, concurrency=2)  # rollouts finish one after another while the signal arrives
 
 
 def _start(server: ScriptedLLM, data: Path, config: Path, out: Path) -> subprocess.Popen:

@@ -14,12 +14,10 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from conftest import AGENT_CONFIG, REPO_ROOT
+from conftest import REPO_ROOT, scripted_run_inputs
 from test_run_dask import solver
 from unprivileged import ensure_users, popen_as, shared_dir
-from uni_agent.tasks.swe_form import convert
 from uni_agent.testing.scripted_llm import ScriptedLLM
 
 USERS = ("ua-node-a", "ua-node-b")
@@ -27,17 +25,7 @@ USERS = ("ua-node-a", "ua-node-b")
 
 def _inputs() -> tuple[Path, Path]:
     """The bundled tasks as rows and an agent config with API tool calls, where every user can read them."""
-    where = shared_dir("uni-agent-shared-node-")
-    data = where / "rows.parquet"
-    convert(None, data)
-    agents = yaml.safe_load(AGENT_CONFIG.read_text())
-    for agent in agents:
-        agent.setdefault("interaction", {}).update(tools_in="api", constrain_tool_calls=False, max_turns=5)
-    config = where / "agents.yaml"
-    config.write_text(yaml.safe_dump(agents))
-    for path in (data, config):
-        path.chmod(0o644)
-    return data, config
+    return scripted_run_inputs(shared_dir("uni-agent-shared-node-"))
 
 
 def test_two_users_run_the_quickstart_path_at_once_each_in_private(tmp_path):

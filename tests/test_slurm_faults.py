@@ -14,11 +14,9 @@ slurmd and munged on localhost (tests/slurm_fixture.py), the cluster of docs/slu
 """
 
 import json
-import os
 import re
 import shutil
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,17 +25,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 from distributed import Client
 from distributed.security import Security
 
-from conftest import (AGENT_CONFIG, FORK_SERVER_MARK, REPO_ROOT, SANDBOX_PROCESSES, _cmd, _sandboxes_in_fork_servers,
-                      assistant_turns, poll_until)
+from conftest import (FORK_SERVER_MARK, REPO_ROOT, SANDBOX_PROCESSES, _cmd, _sandboxes_in_fork_servers,
+                      assistant_turns, poll_until, scripted_run_inputs)
 from test_run_dask import solver
 from test_slurm_cpu_recipe import USERS, give_llama_build, slurm, sourced  # noqa: F401 - slurm: the cluster fixture
 from unprivileged import User, ensure_users, kill_processes_of, popen_as, run_as, shared_dir
 from uni_agent.episode.exit_reason import ExitReason
-from uni_agent.tasks.swe_form import convert
 from uni_agent.testing.llama_watch import answered, engine_port, server_pids
 from uni_agent.testing.scripted_llm import ScriptedLLM
 
@@ -207,16 +203,8 @@ class HeldAfter:
 def inputs(cluster):
     """Six bundled tasks and an agent config for a scripted model, where the user can read them."""
     where = shared_dir("uni-agent-faults-inputs-")
-    data = where / "rows.parquet"
-    convert(None, data)
+    data, config = scripted_run_inputs(where)
     pd.read_parquet(data).head(6).to_parquet(data)
-    agents = yaml.safe_load(AGENT_CONFIG.read_text())
-    for agent in agents:
-        agent.setdefault("interaction", {}).update(tools_in="api", constrain_tool_calls=False, max_turns=5)
-    config = where / "agents.yaml"
-    config.write_text(yaml.safe_dump(agents))
-    for path in (data, config):
-        path.chmod(0o644)
     yield data, config
     shutil.rmtree(where, ignore_errors=True)
 

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import AGENT_CONFIG, REPO_ROOT
+from conftest import REPO_ROOT, scripted_run_inputs
 from test_run_dask import solver
 from unprivileged import ensure_users, run_as, run_python_as, shared_dir
 from uni_agent.tasks.swe_form import convert
@@ -44,18 +43,10 @@ def users():
 @pytest.fixture(scope="module")
 def inputs():
     where = shared_dir("uni-agent-stranger-dirs-")
-    data = where / "rows.parquet"
-    convert(None, data)
-    agents = yaml.safe_load(AGENT_CONFIG.read_text())
-    for agent in agents:
-        agent.setdefault("interaction", {}).update(tools_in="api", constrain_tool_calls=False, max_turns=5)
-    config = where / "agents.yaml"
-    config.write_text(yaml.safe_dump(agents))
+    data, config = scripted_run_inputs(where)
     marks = where / "marks"
     marks.mkdir()
     marks.chmod(0o1777)  # whoever imports a planted module leaves a mark here
-    for path in (data, config):
-        path.chmod(0o644)
     return data, config, marks
 
 
