@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..redact import register_secret
 from .registry import ENGINES
-from .replace import LOST
+from .running import LOST
 from .watch import EngineFailed, Notify, guard
 
 __all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "new_api_key", "start_engines"]
 T = TypeVar("T")
 
-if TYPE_CHECKING:  # settings imports registry.py, which runs this __init__ first: no run-time import back
+# settings imports registry.py, which runs this __init__ first: nothing here may import back, nor load the model
+# client (uni_agent.llm, through replace.py): checking a dataset loads settings, and no agent runtime
+if TYPE_CHECKING:
     from ..settings import RunSettings
     from .replace import Replacement
 

@@ -28,12 +28,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..llm.relocation import forget_moves, record_moves, scope_of
 from .placement import PlacementError
-
+from .running import LOST
 from .running import RunningEngines as Engines  # the run's engines as these functions see them
 
 log = structlog.get_logger("uni_agent.engines")
 Report = Callable[..., None]  # watch._report: (level, message, event, **fields)
-LOST = ("error", "lost", "cancelled")  # an actor future's status once its worker is gone
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+LOST = ("error", "lost", "cancelled")  # an actor future's status once its worker is gone
+
 
 class RunningEngines(Protocol):
     urls: list[str]  # each replica's first URL: its name for the agents

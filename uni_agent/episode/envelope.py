@@ -21,6 +21,7 @@ import structlog
 from ..config import AgentConfig
 from ..events import Emit, RolloutState, no_emit, rollout_event
 from ..llm import ContextLimitError, LLMError
+from ..llm.outage import engine_outage_s
 from ..redact import redact
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.start import start_sandbox, workspace_patch
@@ -64,7 +65,8 @@ async def run_episode(strategy: AgentStrategy, spec: RolloutSpec, model: ChatMod
     state(RolloutState.STARTING_SANDBOX)
     sandbox = SandboxStart(asyncio.ensure_future(_open(strategy, open_sandbox, spec, row, bound)), agent.env)
     try:
-        row.end(await _act(strategy, Episode(spec, model, sandbox, budget, row, state, bound), strategy.grace_s))
+        ending = await _act(strategy, Episode(spec, model, sandbox, budget, row, state, bound), strategy.grace_s)
+        row.end(blamed_on_outage(ending, row.started_at))
     finally:
         opened = await _started_or_stopped(sandbox.started)
         if opened is not None:
@@ -89,6 +91,16 @@ async def _act(strategy: AgentStrategy, episode: Episode, grace_s: float) -> End
         return infra_failure(FailedPart.LLM, exc)
     except (SandboxError, OSError) as exc:
         return infra_failure(FailedPart.SANDBOX, exc)
+
+
+def blamed_on_outage(ending: Ending, started_at: float) -> Ending:
+    """A wall-clock end whose clock ran while no engine could answer (a lost engine waited for) is the outage's, not
+    the model's: exit reason engine_down, an llm failure. Judged here, in the worker whose clients saw the outage
+    (uni_agent.llm.outage), and only once: a row graded later in another process keeps it."""
+    if ending.reason != ExitReason.WALL_CLOCK or (down_s := engine_outage_s(started_at)) <= 0:
+        return ending
+    return Ending(ExitReason.ENGINE_DOWN, f"every engine was down for {down_s:.0f} s of this episode, which then ran "
+                                          f"past its wall-clock budget ({ending.error})", FailedPart.LLM)
 
 
 async def _within_wall_clock(acting: Awaitable[Ending], budget: Budget, grace_s: float) -> Ending:

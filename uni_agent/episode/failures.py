@@ -1,6 +1,6 @@
 """Whose failure a rollout is: `none` (resolved), `model` (it ran out of turns, context or time, or its answer was
 wrong) or `infra` (a sandbox, the LLM endpoint, an agent worker or the grader failed; or its wall clock ran out while
-every engine was down: exit reason engine_down). An infra row is not a model result: the summary counts it apart,
+every engine was down: exit reason engine_down, settled by the envelope where the episode ends). An infra row is not a model result: the summary counts it apart,
 and `--retry-errors` runs it again (an engine_down row runs again without it).
 
 The one place a row is classified. The episode's ending says which part failed when it knows (an Ending with a
@@ -13,7 +13,6 @@ from enum import StrEnum
 from typing import Protocol
 
 from ..grading.verification import Verification, VerificationStatus
-from ..llm.outage import engine_outage_s
 from .exit_reason import ExitReason
 
 
@@ -57,14 +56,6 @@ def infra(result: Classified, part: FailedPart, error: str) -> None:
 def classify(result: Classified) -> None:
     """Set failure_kind/failure_cause from the episode's end and the grade. A failure marked infra stays infra."""
     if result.failure_kind == FailureKind.INFRA:
-        return
-    if result.exit_reason == ExitReason.WALL_CLOCK and (down_s := engine_outage_s(result.started_at)) > 0:
-        # Its clock ran while no engine could answer it (a lost engine waited for, llm_waiting_for_endpoint): the
-        # time was the outage's, so the end is not the model's.
-        result.exit_reason = ExitReason.ENGINE_DOWN
-        result.error = f"every engine was down for {down_s:.0f} s of this episode, which then ran past its " \
-                       f"wall-clock budget ({result.error})"
-        infra(result, FailedPart.LLM, result.error)
         return
     verification = result.verification  # None until graded
     try:
