@@ -120,6 +120,11 @@ class Driver:
         if not line:
             self.proc.wait(30)
             pytest.fail("the run did not start:\n" + self.stderr())
+        # the links were printed before this line, but the stderr reader may not have taken them yet (a loaded
+        # machine): what the stranger makes the run print is counted from after them
+        deadline = time.monotonic() + 60
+        while "uni-agent page:" not in self.stderr() and time.monotonic() < deadline:
+            time.sleep(0.1)
         return json.loads(line)
 
     def stderr(self, since: float = 0.0) -> str:
@@ -315,6 +320,10 @@ def test_refused_connections_reach_the_run_log_not_the_console_and_cannot_fill_i
     console = logging.StreamHandler(sys.stderr)
     tcp.addHandler(console)
     saved, saved_structlog = logs._configured, structlog.get_config()  # this process's, for the tests after this one
+    # a fresh count and minute: an earlier test's refused connections (same process) must not use up this one's lines
+    earlier = [f for f in tcp.filters if isinstance(f, logs.RefusedConnections)]
+    for f in earlier:
+        tcp.removeFilter(f)
     try:
         logs.configure_logging(tmp_path, "driver")
         for i in range(3 * logs.REFUSED_PER_MINUTE):
@@ -323,6 +332,10 @@ def test_refused_connections_reach_the_run_log_not_the_console_and_cannot_fill_i
         tcp.warning("Closing dangling stream in %s", "a real problem of the user's own")
     finally:
         tcp.removeHandler(console)
+        for f in [f for f in tcp.filters if isinstance(f, logs.RefusedConnections)]:
+            tcp.removeFilter(f)
+        for f in earlier:
+            tcp.addFilter(f)
         logs._configured = saved
         structlog.configure(**saved_structlog)
     err = capsys.readouterr().err
