@@ -13,6 +13,7 @@ tests/test_swebench_infra.py.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,45 @@ def test_conda_stand_in_refuses_what_it_cannot_do(tmp_path):
                            "echo rc=$?"], capture_output=True, text=True)
     assert "rc=1\nrc=1" in done.stdout
     assert "no environment 'no-such-env'" in done.stderr and "only 'conda activate NAME'" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_build_step_reaches_the_index_as_the_builder_does(tmp_path, monkeypatch):
+    """The builder's proxy name resolves inside the step as it does outside (here a name only this process can
+    resolve, as in CI, where pip inside the sandbox failed on the proxy's name), and the builder's user pip config
+    and the local wheel dirs it and PIP_FIND_LINKS name are there. A real bubblewrap step."""
+    import socket
+
+    from uni_agent.envs import index_access
+    from uni_agent.envs.isolation import StepDirs, step_argv
+
+    proxy_name = "uni-agent-test-proxy.invalid"
+    real_getaddrinfo = socket.getaddrinfo
+    monkeypatch.setattr(index_access.socket, "getaddrinfo", lambda host, *a, **k: (
+        [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.9", 0))] if host == proxy_name
+        else real_getaddrinfo(host, *a, **k)))
+    wheels, more, home = tmp_path / "wheels", tmp_path / "more", tmp_path / "builder-home"
+    for path in (wheels, more):
+        path.mkdir()
+        (path / "marker.txt").write_text(path.name)
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nextra-index-url = file://{more}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("https_proxy", f"http://{proxy_name}:3128")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    interpreter = find_python(f"{sys.version_info.major}.{sys.version_info.minor}")
+    dirs = StepDirs(tmp_path / "repo", tmp_path / "conda", tmp_path / "scratch", tmp_path / "pip-cache")
+    for path in (dirs.repo, dirs.conda_root, dirs.scratch):
+        path.mkdir()
+    script = (f"getent hosts {proxy_name}; echo proxy=$https_proxy; cat {wheels}/marker.txt {more}/marker.txt; "
+              "cat ~/.config/pip/pip.conf")
+    done = subprocess.run(step_argv(dirs, interpreter, interpreter.prefix, script, throwaway_env=False),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"127.0.0.9       {proxy_name}" in done.stdout or f"127.0.0.9 {proxy_name}" in done.stdout, done.stdout
+    assert f"proxy=http://{proxy_name}:3128" in done.stdout
+    assert "wheelsmore[global]" in done.stdout and f"extra-index-url = file://{more}" in done.stdout, done.stdout
+    assert "uni-agent" not in Path("/etc/hosts").read_text()  # the host's own file is untouched
 
 
 # -- end to end: needs the mirrors (and PyPI for a first build) ----------------------------------------------------

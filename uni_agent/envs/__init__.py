@@ -12,6 +12,7 @@ time nothing is installed and nothing needs the network.
     plan.py          what to build, from the rows alone (unit-tested without network or repositories)
     interpreters.py  where a Python X.Y comes from: uv, pyenv, conda or PATH
     isolation.py     the bubblewrap command a build step runs in, and the `conda activate` stand-in
+    index_access.py  the builder's way to the package index, carried into a build step (proxies, pip config)
     build.py         making an environment and a row's repository, cached per user
     command.py       the `uni-agent envs build` command: parallel builds, progress, the rewritten rows
 """

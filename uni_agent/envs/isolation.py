@@ -1,8 +1,9 @@
 """The bubblewrap sandbox a build step runs in, and the `conda activate` stand-in of every environment.
 
 A build step sees the machine as a task's sandbox will (the host's /usr and /etc, the repository at /testbed, the
-environment at /opt/miniconda3, the interpreter at its own path) plus the network, so that what pip writes (scripts'
-first lines, the venv's config, an editable install's path) names the paths of the task's sandbox. A step that must
+environment at /opt/miniconda3, the interpreter at its own path) plus the network and the builder's way to the index
+(index_access.py), so that what pip writes (scripts' first lines, the venv's config, an editable install's path)
+names the paths of the task's sandbox. A step that must
 not change the environment (a row's own install) gets it as an overlay whose writes are thrown away; the overlay is
 mounted as the local backend mounts its workspaces (root, or a user namespace of one's own).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from ..sandbox.bwrap import host_root_args
 from ..sandbox.local import SETUP_SCRIPT
 from ..sandbox.userns import user_namespace
+from .index_access import index_access_args
 from .interpreters import Interpreter
 from .plan import CONDA_ROOT
 
@@ -94,18 +96,12 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
         bwrap += ["--ro-bind", interpreter_dir, interpreter.prefix]
     bwrap += ["--bind", str(conda_root), CONDA_ROOT, "--bind", str(dirs.repo), "/testbed",
               "--bind", str(dirs.pip_cache), PIP_CACHE_INSIDE, "--chdir", "/testbed"]
-    for key, value in {**passed_through(), **pip_settings, "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
+    index_args, index_settings = index_access_args(dirs.scratch, home)
+    bwrap += index_args
+    for key, value in {**index_settings, **pip_settings, "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                        "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "USER": "root"}.items():
         bwrap += ["--setenv", key, value]
     return prefix + bwrap + ["bash", "--noprofile", "--norc", "-c", script]
-
-
-def passed_through() -> dict[str, str]:
-    """The builder's own settings for reaching the package index (pip's, a proxy's, a CA bundle's): a build needs
-    them as much as the builder's pip does."""
-    names = {"http_proxy", "https_proxy", "no_proxy", "all_proxy", "ssl_cert_file", "ssl_cert_dir",
-             "requests_ca_bundle", "curl_ca_bundle"}
-    return {k: v for k, v in os.environ.items() if k.startswith(("PIP_", "UV_")) or k.lower() in names}
 
 
 def overlay_possible() -> bool:
