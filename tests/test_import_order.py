@@ -1,11 +1,14 @@
-"""Imports inside uni_agent run one way: no module imports, directly or through others, a module that imports it.
+"""Imports inside uni_agent run one way: no module imports, directly or through others, a module that imports it, and
+no package (uni_agent.X) does either.
 
 Every import counts, also those inside functions and under TYPE_CHECKING: a circle hidden in a function still ties the
-modules together. Checked statically (ast), so importing nothing heavy."""
+modules together. So does an import path written as a string ("uni_agent.tools.submit:Submit" in a registry, a
+`_target_`): it is imported at run time all the same. Checked statically (ast), so importing nothing heavy."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "uni_agent"
@@ -34,9 +37,37 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def test_no_import_circle_in_the_package() -> None:
+# "uni_agent.x.y:name" or "uni_agent.x.y.ClassName" (a logger's name, "uni_agent.llm", names no object)
+IMPORT_PATH = re.compile(r"uni_agent(?:\.\w+)+:\w+|uni_agent(?:\.\w+)*\.[A-Z]\w*")
+
+
+def string_imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that `path` names in import-path strings ("uni_agent.x.y:name", "uni_agent.x.y.Class"):
+    each the longest module the string starts with."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORT_PATH.fullmatch(node.value):
+            parts = node.value.split(":")[0].split(".")
+            for end in range(len(parts), 1, -1):
+                if ".".join(parts[:end]) in modules:
+                    found.add(".".join(parts[:end]))
+                    break
+    return found - {module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules it imports, by statement or by import-path string."""
     paths = package_modules()
-    graph = {name: imports_of(path, set(paths)) for name, path in paths.items()}
+    modules = set(paths)
+    return {name: imports_of(path, modules) | string_imports_of(path, modules) for name, path in paths.items()}
+
+
+def package_of(module: str) -> str:
+    """uni_agent.X for a module in package X or the module X itself; the root package is itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def circles_in(graph: dict[str, set[str]]) -> list[str]:
     circles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
@@ -52,7 +83,22 @@ def test_no_import_circle_in_the_package() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+    return circles
+
+
+def test_no_import_circle_in_the_package() -> None:
+    circles = circles_in(import_graph())
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_import_circle_between_packages() -> None:
+    """uni_agent.config, uni_agent.sandbox, uni_agent.tools, ...: each package, taken whole, imports one way too."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        own = package_of(module)
+        packages.setdefault(own, set()).update(package_of(t) for t in targets if package_of(t) != own)
+    circles = circles_in(packages)
+    assert not circles, "import circles between packages:\n" + "\n".join(circles)
 
 
 def test_the_check_sees_a_circle(tmp_path: Path) -> None:
@@ -67,6 +113,32 @@ def test_the_check_sees_a_circle(tmp_path: Path) -> None:
     try:
         assert imports_of(a, {"uni_agent.a", "uni_agent.b"}) == {"uni_agent.b"}
         assert imports_of(b, {"uni_agent.a", "uni_agent.b"}) == {"uni_agent.a"}
+    finally:
+        PACKAGE = saved
+
+
+def test_the_check_sees_string_paths_and_package_circles(tmp_path: Path) -> None:
+    """A registry's "module:Name" string is an import; p.a -> q.b and q.c -> p.d tie packages p and q although no
+    module circle exists (else the tests above prove nothing)."""
+    for package in ("p", "q"):
+        (tmp_path / "uni_agent" / package).mkdir(parents=True)
+        (tmp_path / "uni_agent" / package / "__init__.py").write_text("")
+    (tmp_path / "uni_agent" / "__init__.py").write_text("")
+    (tmp_path / "uni_agent" / "p" / "a.py").write_text('THING = "uni_agent.q.b:Thing"\n')
+    (tmp_path / "uni_agent" / "q" / "b.py").write_text("")
+    (tmp_path / "uni_agent" / "q" / "c.py").write_text("from ..p import d\n")
+    (tmp_path / "uni_agent" / "p" / "d.py").write_text("")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "uni_agent"
+    try:
+        assert import_graph()["uni_agent.p.a"] == {"uni_agent.q.b"}
+        assert not circles_in(import_graph())
+        try:
+            test_no_import_circle_between_packages()
+        except AssertionError as exc:
+            assert "uni_agent.p -> uni_agent.q -> uni_agent.p" in str(exc), exc
+        else:
+            raise AssertionError("the package circle was not seen")
     finally:
         PACKAGE = saved
 
