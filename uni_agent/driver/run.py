@@ -25,7 +25,7 @@ import pandas as pd
 import structlog
 
 from ..config import AgentConfigs
-from ..engines import EngineFailed
+from ..engines import EngineFailed, check_engine
 from ..episode.exit_reason import ExitReason
 from ..episode.rollout import RolloutSpec
 from ..episode.trajectory import capture_note
@@ -98,6 +98,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     output_dir = settings.output_path()
     log_dir = output_dir / "logs"
     register_secret(settings.api_key_value())
+    check_engine(settings)  # settings know no engine: its name is checked here, before anything is made
     # Every private directory is checked before anything is made or started: a squatted one ends the run here,
     # with one line naming it, instead of turning every rollout into an error row.
     preflight(output_dir if output_dir.exists() else None, share_with_group=settings.share_with_group)

@@ -4,7 +4,8 @@ workers and the dispatcher), assembled in one place for `run()`, the rollout ser
     async with open_session(settings, log_dir, store, first_spec=todo[0]) as session:
         await session.dispatcher.run(todo)
 
-In order: the cluster (cluster_client: a scheduler given, else a LocalCluster), the live page, every worker's private
+In order: the engine's name checked (with agents: uni_agent.engines.check_engine, a wrong one is a ConfigError before
+anything starts), the cluster (cluster_client: a scheduler given, else a LocalCluster), the live page, every worker's private
 directories checked (uni_agent.private_dirs.preflight_workers), the sandbox workers and where verification goes; then,
 unless `agents=False` (verification needs no model), the engines, the agent workers' pool and the dispatcher, and the
 agent workers started while the engines say what they are and read the agents' shared prompt. Everything is stopped
@@ -26,7 +27,7 @@ import structlog
 from distributed import Client
 
 from ..dashboard import UniAgentDashboard
-from ..engines import Engines, start_engines
+from ..engines import Engines, check_engine, start_engines
 from ..engines.shared_prompt import share_prompt
 from ..episode.rollout import RolloutSpec
 from ..private_dirs import preflight_workers
@@ -62,6 +63,8 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                        ) -> AsyncIterator[RunSession]:
     """The session; with `agents` (the default) also the engines, the pool (`pool_factory`) and a dispatcher that
     records into `store`. `first_spec`: a rollout whose opening request the engines read once for all their slots."""
+    if agents:
+        check_engine(settings)  # before the cluster starts: an unknown engine is the user's typo, said in one line
     async with cluster_client(settings, scheduler_address, security) as client:
         await _show_page(client)
         await preflight_workers(client)  # before an engine or a sandbox starts there

@@ -1,85 +1,26 @@
 """LLM engines. Each speaks the OpenAI-compatible API; a server engine runs as a subprocess owned by a Dask actor
 that publishes its URL. `start_engines` starts the chosen engine (found by name in registry.py) and returns the URLs
-the agent workers should use. A replica whose worker leaves is placed again elsewhere (replace.py); its first URL stays
-its name for the agents (uni_agent.llm.relocation).
+the agent workers should use (an `Engines`, base.py). A replica whose worker leaves is placed again elsewhere
+(replace.py); its first URL stays its name for the agents (uni_agent.llm.relocation).
 
-A server engine answers only its run: `new_api_key` makes a secret once per run on the driver, which the server
-actors give their server in its environment (never on a command line: /proc/PID/cmdline is readable by every user)
-and every client of the run sends as its Bearer token (Engines.api_key)."""
+The engine's name is checked against the registry before a run's cluster starts (`check_engine`): settings know no
+engine, so that the engines may read the settings.
+
+The engines' modules import base.py, never this package's names: the registry names them by path, and this module
+imports the registry."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ..redact import register_secret
-from .registry import ENGINES
-from .running import LOST
-from .watch import EngineFailed, Notify, guard
+from .base import Engines, StartEngines, new_api_key
+from .registry import ENGINES, check_engine
+from .watch import EngineFailed
 
-__all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "new_api_key", "start_engines"]
-T = TypeVar("T")
+__all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "check_engine", "new_api_key", "start_engines"]
 
-# settings imports registry.py, which runs this __init__ first: nothing here may import back, nor load the model
-# client (uni_agent.llm, through replace.py): checking a dataset loads settings, and no agent runtime
 if TYPE_CHECKING:
     from ..settings import RunSettings
-    from .replace import Replacement
-
-
-@dataclass
-class Engines:
-    urls: list[str]  # each replica's first URL: its name for the agents, wherever it serves now (`moves`)
-    model_name: str
-    api_key: str | None = None
-    actors: list[Any] = field(default_factory=list)  # server actors to stop at the end (none for external)
-    futures: list[Any] = field(default_factory=list)  # an actor lives only while its future is referenced
-    cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # after the actors (GPU leases)
-    workers: list[str] = field(default_factory=list)  # the worker each actor runs on
-    replacement: Replacement | None = None  # places a replica again when its worker leaves (replace.py)
-    moves: dict[str, str] = field(default_factory=dict)  # first URL -> URL now, of replicas placed again
-
-    def current_urls(self) -> list[str]:
-        """Where each replica serves now."""
-        return [self.moves.get(url, url) for url in self.urls]
-
-    async def guard(self, work: Awaitable[T], notify: Notify | None = None) -> T:
-        """`work`'s result, or EngineFailed (and `work` cancelled) once every server is down for good (watch.py).
-        Meanwhile a replica whose worker left is placed again (replace.py)."""
-        return await guard(self, work, notify)
-
-    async def stop(self) -> None:
-        """Stops every server (a failure to stop one does not leave the others running), then the cleanups."""
-        errors = []
-        if self.replacement is not None:
-            await self.replacement.close(self)
-        for actor, future in zip(self.actors, self.futures or [None] * len(self.actors)):
-            if future is not None and future.status in LOST:
-                continue  # its worker is gone, and the server with it (PR_SET_PDEATHSIG)
-            try:
-                await actor.stop()
-            except Exception as exc:  # e.g. its worker left just now
-                errors.append(exc)
-        for cleanup in self.cleanups:
-            await cleanup()
-        if errors:
-            raise errors[0]
-
-
-def new_api_key() -> str:
-    """A fresh secret for the engines this run starts, registered so that no log or error message shows it."""
-    key = secrets.token_urlsafe(32)
-    register_secret(key)
-    return key
-
-
-class StartEngines(Protocol):
-    """What registry.ENGINES holds: start the engine's servers (or check an external endpoint) for this run, on the
-    Dask cluster of `client`, server logs under `log_dir`."""
-
-    async def __call__(self, client: Any, settings: RunSettings, log_dir: str) -> Engines: ...
 
 
 async def start_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:

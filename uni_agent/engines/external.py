@@ -6,7 +6,7 @@ from typing import Any
 
 from ..llm import LLMError, check_endpoint
 from ..settings import RunSettings
-from . import Engines
+from .base import Engines
 
 
 async def external_engines(client: Any, settings: RunSettings, log_dir: str) -> Engines:

@@ -34,7 +34,7 @@ from .placement import gpu_workers, place_group_again, place_replicas, release_r
 from .replace import Placed, Replacement, least_held, start_pinned
 from ..sandbox.private_dir import ensure_private_dir
 from ..settings import RunSettings
-from . import Engines, new_api_key
+from .base import Engines, new_api_key
 from .llama_build import SOURCE_VERSION, binary_path, find_binary
 from .server import ServerActor
 

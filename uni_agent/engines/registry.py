@@ -1,4 +1,5 @@
-"""LLM engines by name (RunSettings.engine and `--engine` are checked against ENGINES).
+"""LLM engines by name (RunSettings.engine and `--engine` are checked against ENGINES, by `check_engine` before a run's
+cluster starts and by the CLI's parser).
 
 Each entry is the "module:function" path of an engine's start function, imported only when that engine is chosen
 (vLLM's and llama.cpp's modules need what the others do not). The function has the shape of
@@ -8,12 +9,35 @@ or an `ENGINES.register(name, function)` call from outside the package. The orde
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import TYPE_CHECKING, Any
 
-from ..registry import Registry
+from ..config import ConfigError
+from ..registry import Registry, UnknownName, is_import_path
+
+if TYPE_CHECKING:
+    from ..settings import RunSettings
 
 ENGINES: Registry[Any] = Registry("engine", {
     "llama_cpp": "uni_agent.engines.llama_cpp:start_llama_cpp",
     "external": "uni_agent.engines.external:external_engines",
     "vllm": "uni_agent.engines.vllm:start_vllm",
 })
+
+
+def check_engine(settings: RunSettings) -> None:
+    """settings.engine is a registered engine or the import path of a start function that imports (imported now);
+    else a ConfigError naming the setting as it was given (`--engine`, UNI_AGENT_ENGINE, a settings file's key), e.g.
+    `UNI_AGENT_ENGINE: unknown engine 'llama-cpp' (did you mean llama_cpp?); known engines: llama_cpp, external, vllm
+    (or module:function)`. Settings do not check it themselves: they know no engine (the engines read them)."""
+    name = settings.engine
+    try:
+        ENGINES.check(name)
+        return
+    except UnknownName as exc:
+        problem = str(exc)  # an import path that does not import: why not
+    if not is_import_path(name):
+        close = difflib.get_close_matches(name, ENGINES.names(), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problem = f"unknown engine {name!r}{hint}; known engines: {', '.join(ENGINES.names())} (or module:function)"
+    raise ConfigError(f"{settings.origin('engine')}: {problem}")

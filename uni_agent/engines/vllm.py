@@ -28,7 +28,7 @@ from ..current_worker import worker_address
 from .placement import place_group_again, place_replicas, release_replicas
 from .replace import Placed, Replacement, start_pinned
 from ..settings import RunSettings
-from . import Engines, new_api_key
+from .base import Engines, new_api_key
 from .server import ServerActor
 
 log = structlog.get_logger("uni_agent.engines.vllm")
