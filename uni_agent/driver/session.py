@@ -4,12 +4,12 @@ workers and the dispatcher), assembled in one place for `run()`, the rollout ser
     async with open_session(settings, log_dir, store, first_spec=todo[0]) as session:
         await session.dispatcher.run(todo)
 
-In order: the engine's name checked (with agents: uni_agent.engines.check_engine, a wrong one is a ConfigError before
-anything starts), the cluster (cluster_client: a scheduler given, else a LocalCluster), the live page, every worker's private
-directories checked (uni_agent.private_dirs.preflight_workers), the sandbox workers and where verification goes; then,
-unless `agents=False` (verification needs no model), the engines, the agent workers' pool and the dispatcher, and the
-agent workers started while the engines say what they are and read the agents' shared prompt. Everything is stopped
-in the reverse order on the way out, whatever ended the session.
+In order: the engine's name checked (with agents: uni_agent.engines.check_engine, a wrong one is a ConfigError
+before anything starts), the cluster (cluster_client: a scheduler given, else a LocalCluster), the live page, every
+worker's private directories checked (uni_agent.private_dirs.preflight_workers), the sandbox workers and where
+verification goes; then, unless `agents=False` (verification needs no model), the engines, the agent workers' pool and
+the dispatcher, and the agent workers started while the engines say what they are and read the agents' shared prompt.
+Everything is stopped in the reverse order on the way out, whatever ended the session.
 """
 
 from __future__ import annotations
