@@ -1,5 +1,5 @@
-"""LLM engines by name (RunSettings.engine and `--engine` are checked against ENGINES, by `check_engine` before a run's
-cluster starts and by the CLI's parser).
+"""LLM engines by name (RunSettings.engine and `--engine` are checked against ENGINES: by `check_engine` when a run
+starts, before anything is made, and by the CLI's parser).
 
 Each entry is the "module:function" path of an engine's start function, imported only when that engine is chosen
 (vLLM's and llama.cpp's modules need what the others do not). The function has the shape of
