@@ -63,7 +63,7 @@ def test_classification(fields, status, error, kind, cause):
 
 
 def test_the_driver_bound_on_a_verification_is_told_apart_from_a_slow_test_by_its_type_not_its_text():
-    from uni_agent.grading.verification import no_result
+    from uni_agent.verification import no_result
 
     lost, slow, worded_alike = _result(), _result(), _result()
     lost.record(no_result(900))

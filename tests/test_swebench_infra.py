@@ -16,7 +16,7 @@ import pytest
 
 from uni_agent.episode.failures import classify
 from uni_agent.episode.rollout import RolloutResult
-from uni_agent.grading.verification import Verification
+from uni_agent.verification import Verification
 from uni_agent.swebench.environment_failures import environment_failure
 from uni_agent.swebench.grading import SweGrade
 

@@ -26,7 +26,7 @@ from .results import ResultStore
 from ..episode.rollout import RolloutResult, RolloutSpec
 from ..settings import RunSettings
 from ..grading import Verification, verify_patch
-from ..grading.verification import VerificationStatus, no_result
+from ..verification import VerificationStatus, no_result
 from .cluster import sandbox_workers
 from .mailbox import ActorUnreachable, Mailboxes
 from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor

@@ -29,7 +29,7 @@ from .run import RunOutcome
 from .session import open_session
 from ..settings import RunSettings, load_settings
 from ..grading import ReferenceKind, Verification, verify_reference
-from ..grading.verification import VerificationStatus
+from ..verification import VerificationStatus
 
 BUCKETS = ("resolved", "wrong_answer", "timeout_or_error")
 SAVE_EVERY = 16  # results between rewrites of verify_<patch>.parquet

@@ -32,7 +32,7 @@ from .rollout import RolloutResult, RolloutSpec
 from .strategy import AgentStrategy, Budget, ChatModel, Episode, SandboxStart
 
 if TYPE_CHECKING:
-    from ..grading.verification import Verification
+    from ..verification import Verification
 
 log = structlog.get_logger("uni_agent.agent")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Protocol
 
-from ..grading.verification import Verification, VerificationStatus
+from ..verification import Verification, VerificationStatus
 from .exit_reason import ExitReason
 
 

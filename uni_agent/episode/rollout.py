@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import AgentConfig
-from ..grading.verification import Verification, VerificationStatus
+from ..verification import Verification, VerificationStatus
 from .exit_reason import ExitReason
 from .failures import FailureKind, classify, infra
 

@@ -16,9 +16,9 @@ Graders (the row's `reward.name`):
   /logs/verifier/reward.txt|json. The oracle runs solution/solve.sh first.
 """
 
+from ..verification import Verification
 from .grader import Grader
 from .registry import GRADERS, check_reward_config, grader_for, known_graders, register_grader
-from .verification import Verification
 from .verify import ReferenceKind, grade_in_sandbox, verify_patch, verify_reference
 
 __all__ = ["GRADERS", "Grader", "ReferenceKind", "Verification", "check_reward_config", "grade_in_sandbox",

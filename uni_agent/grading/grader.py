@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
     from ..sandbox import Sandbox
-    from .verification import Verification
+    from ..verification import Verification
 
 LOG_TAIL_CHARS = 8000  # how much of a test log a Verification keeps
 

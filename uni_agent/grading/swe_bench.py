@@ -17,7 +17,7 @@ from .grader import LOG_TAIL_CHARS
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
     from ..sandbox import Sandbox
-    from .verification import Verification
+    from ..verification import Verification
 
 
 class SweBenchGrader:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..sandbox import write_file
 from ..swebench.spec import test_list
+from ..verification import VerificationStatus
 from .grader import LOG_TAIL_CHARS
 from .pytest_log import files_in_patch, grade, parse_pytest_log
-from .verification import VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
     from ..sandbox import Sandbox
-    from .verification import Verification
+    from ..verification import Verification
 
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider -q"
 

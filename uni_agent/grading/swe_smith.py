@@ -15,7 +15,7 @@ from ..swebench.smith import check_metadata, grade_swe_smith
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
     from ..sandbox import Sandbox
-    from .verification import Verification
+    from ..verification import Verification
 
 
 class SweSmithGrader:

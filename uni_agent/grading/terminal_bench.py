@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..sandbox import Sandbox, write_file
-from .verification import VerificationStatus
+from ..verification import VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig, RewardConfig
-    from .verification import Verification
+    from ..verification import Verification
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")

@@ -14,8 +14,8 @@ import time
 from typing import TYPE_CHECKING, Literal
 
 from ..sandbox.start import start_sandbox
+from ..verification import Verification, VerificationStatus
 from .registry import grader_for
-from .verification import Verification, VerificationStatus
 
 if TYPE_CHECKING:
     from ..config import AgentConfig

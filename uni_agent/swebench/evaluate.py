@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..grading.verification import VerificationStatus
+from ..verification import VerificationStatus
 from ..sandbox import Sandbox, write_file
 from .environment_failures import environment_failure
 from .grading import SweGrade, grade_log

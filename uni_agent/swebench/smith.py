@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
-from ..grading.verification import VerificationStatus
+from ..verification import VerificationStatus
 from .spec import GIT_APPLY_CMDS, WORKDIR, test_list
 
 if TYPE_CHECKING:
     from ..config import AgentConfig
     from ..sandbox import Sandbox
-    from ..grading.verification import Verification
+    from ..verification import Verification
 
 REWARD_NAME = "swe_smith"
 DEFAULT_TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "

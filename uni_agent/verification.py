@@ -1,7 +1,9 @@
 """The outcome of grading one answer: what every grader returns and every result row records.
 
-Its own module (importing nothing of uni_agent) so that the graders (grading/*.py, swebench/smith.py) and the records
-that keep it (rollout.py) all import it without importing one another: imports run one way.
+A module of its own at the package's top level, importing nothing of uni_agent, below everything that uses it: the
+graders (grading/), the SWE-bench harness steps they call (swebench/evaluate.py, swebench/smith.py) and the records
+that keep it (episode/rollout.py, driver/). So grading imports swebench, and swebench imports nothing of grading.
+A grader of your own fills the `Verification` it is handed (docs/extending.md).
 """
 
 from __future__ import annotations
