@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
 from ..registry import Registry, UnknownName, is_import_path
-from ..swebench.spec import test_list
+from ..tasks.rows import test_list
 
 if TYPE_CHECKING:
     from ..config import AgentConfig

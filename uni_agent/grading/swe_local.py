@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..sandbox import write_file
-from ..swebench.spec import test_list
+from ..tasks.rows import test_list
 from ..verification import VerificationStatus
 from .grader import LOG_TAIL_CHARS
 from .pytest_log import files_in_patch, grade, parse_pytest_log

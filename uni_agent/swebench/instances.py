@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import ConfigError
-from .spec import ENV_PREBUILT, REQUIRED_FIELDS, image_name, log_parser, repo_spec, row_spec, test_files, test_list
+from ..tasks.rows import test_list
+from .spec import ENV_PREBUILT, REQUIRED_FIELDS, image_name, log_parser, repo_spec, row_spec, test_files
 
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
 DATA_SOURCE = "swe_bench_verified"

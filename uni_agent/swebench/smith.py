@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import ConfigError
+from ..tasks.rows import test_list
 from ..verification import VerificationStatus
-from .spec import GIT_APPLY_CMDS, WORKDIR, test_list
+from .spec import GIT_APPLY_CMDS, WORKDIR
 
 if TYPE_CHECKING:
     from ..config import AgentConfig

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import ConfigError
-from ..tasks.rows import seed_row
+from ..tasks.rows import seed_row, test_list
 from .instances import checked_strings
 from .smith import REWARD_NAME, agent_setup_command, check_metadata, repo_name, reverse_patch
-from .spec import DEPLOYMENTS, WORKDIR, test_list
+from .spec import DEPLOYMENTS, WORKDIR
 
 HUB_NAME = "SWE-bench/SWE-smith"
 HUB_SPLIT = "train"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import ConfigError
+from ..tasks.rows import test_list
 from . import require_swebench
 
 WORKDIR = "/testbed"  # where the repository lives in the official images
@@ -41,25 +42,6 @@ REQUIRED_FIELDS = ("instance_id", "repo", "version", "base_commit", "test_patch"
 # network for ~10 s), and the editable install it would redo is already in place.
 ENV_PREBUILT = "env_prebuilt"
 INSTALL_SKIPPED = ": 'the install step ran when the environment was built (uni-agent envs build)'"
-
-
-def test_list(value: Any, field: str = "tests") -> list[str]:
-    """FAIL_TO_PASS / PASS_TO_PASS: a list of test ids, or a JSON string holding one (as the official SWE-bench
-    dataset stores them). Every reader of rows and instances goes through here, so a string is never taken for a
-    list of its characters; anything else is a ConfigError naming `field` (callers prefix the file or row)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{field} is not a JSON list of test ids (a string that does not parse): {exc}") \
-                from None
-    if hasattr(value, "tolist"):  # a numpy array from a Parquet list column
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{field} must be a list of test ids or a JSON string of one, got {type(value).__name__}")
-    if not all(isinstance(t, str) for t in value):
-        raise ConfigError(f"{field} must hold test ids as strings, got {[type(t).__name__ for t in value][:5]}")
-    return list(value)
 
 
 def image_name(instance_id: str, deployment: str, registry: str | None = None) -> str | None:

@@ -17,8 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..config import ConfigError
-from ..tasks.rows import seed_row
-from ..swebench.spec import test_list
+from .rows import seed_row, test_list
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 REQUIRED_FIELDS = ("instance_id", "problem_statement", "patch", "FAIL_TO_PASS", "PASS_TO_PASS")
