@@ -165,7 +165,7 @@ def cmd_preprocess_tb(args: argparse.Namespace) -> int:
 
 
 def cmd_export_preds(args: argparse.Namespace) -> int:
-    from .swebench.predictions import export_predictions
+    from .reports.swebench_predictions import export_predictions
 
     preds, report_path, report = export_predictions(args.output_dir, args.model_name, args.rollout)
     print(f"wrote {report['submitted_instances']} predictions to {preds}")

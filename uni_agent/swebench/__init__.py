@@ -1,4 +1,5 @@
-"""SWE-bench (Verified) tasks: preprocessing, the official eval script, official grading, predictions export.
+"""SWE-bench (Verified) tasks: preprocessing, the official eval script, official grading. (A run's predictions
+for the official harness are exported from its results by uni_agent/reports/swebench_predictions.py.)
 
 Which `swebench` API, and why (pinned in pyproject.toml's `swebench` extra as `swebench==4.1.0`):
 
