@@ -3,7 +3,8 @@
 On a shared node a directory is not trusted because it exists: another user can create `/tmp/uni-agent-<uid>` or
 Dask's scratch directory before our first run and plant files in it (a module there is imported by our worker
 processes: Dask puts its local directory on their sys.path). So each of these is made mode 0700 by us, or refused
-when it is a symlink, owned by someone else, or writable by others (uni_agent.sandbox.private_dir does the checking):
+when it is a symlink, owned by someone else, or writable by others (uni_agent.sandbox.private_dir does the checking,
+and holds the sandboxes' root and the cache, which the sandboxes use):
 
     private_tmp()     <tempdir>/uni-agent-<uid>          this user's scratch on the node (TMPDIR moves it)
       sandboxes/      the local sandboxes (UNI_AGENT_SANDBOX_ROOT moves it)
@@ -24,9 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .sandbox.private_dir import ROOT_VARIABLE, UnsafeDirectory, ensure_private_dir, owner_name
+from .sandbox.private_dir import (CACHE_VARIABLE, ROOT_VARIABLE, UnsafeDirectory, cache_dir, ensure_private_dir,
+                                 owner_name, private_cache_dir, sandbox_root)
 
-CACHE_VARIABLE = "UNI_AGENT_CACHE_DIR"
 GROUP_SHARED_MODE, PRIVATE_MODE = 0o750, 0o700
 
 
@@ -39,16 +40,6 @@ def private_tmp() -> Path:
 def dask_dir() -> Path:
     """Dask's local directory for this user's workers: inside private_tmp, so nothing planted reaches sys.path."""
     return ensure_private_dir(private_tmp() / "dask", parents=False, setting="TMPDIR")
-
-
-def cache_dir() -> Path:
-    """The user's cache (UNI_AGENT_CACHE_DIR, else ~/.cache/uni-agent), not checked: see `private_cache_dir`."""
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "uni-agent")
-
-
-def private_cache_dir() -> Path:
-    """cache_dir(), made 0700 when missing; refused when it is not ours or others may write it."""
-    return ensure_private_dir(cache_dir().absolute(), parents=True, setting=CACHE_VARIABLE)
 
 
 def output_dir_mode(share_with_group: bool) -> int:
@@ -95,8 +86,6 @@ def prepare_output_dir(path: Path, share_with_group: bool = False) -> Path:
 def preflight(output_dir: Path | None = None, *, share_with_group: bool = False, sandboxes: bool = True) -> list[Path]:
     """Check (and make) every private directory a run uses, before any rollout starts; UnsafeDirectory names the
     first one that fails. Returns the directories checked. Runs on the driver and on every sandbox worker."""
-    from .sandbox.private_dir import sandbox_root
-
     checked = [private_tmp(), dask_dir(), private_cache_dir()]
     if sandboxes:
         checked.append(sandbox_root())

@@ -12,6 +12,9 @@ land there), moved by TMPDIR (a SLURM job's local scratch). Not `$XDG_RUNTIME_DI
 gives it 10% of RAM), removed at the user's last logout and often unset in batch jobs. In a shared /tmp another user
 can squat the name before we create it; that is refused with a message naming the path and the way out
 (UNI_AGENT_SANDBOX_ROOT), never used.
+
+The checks here serve every private directory of a run (uni_agent.private_dirs, which lists them and imports them
+from here); the user's cache (`cache_dir`) is here too, as the sandboxes keep their repository snapshots in it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .base import SandboxError
 log = structlog.get_logger("uni_agent.sandbox")
 
 ROOT_VARIABLE = "UNI_AGENT_SANDBOX_ROOT"
+CACHE_VARIABLE = "UNI_AGENT_CACHE_DIR"
 
 
 class UnsafeDirectory(SandboxError):
@@ -47,6 +51,18 @@ def sandbox_root() -> Path:
     root = default_sandbox_root()
     ensure_private_dir(root.parent, parents=False, setting=ROOT_VARIABLE)  # <tempdir> itself exists
     return ensure_private_dir(root, parents=False, setting=ROOT_VARIABLE)
+
+
+def cache_dir() -> Path:
+    """The user's cache (UNI_AGENT_CACHE_DIR, else ~/.cache/uni-agent), not checked: see `private_cache_dir`."""
+    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "uni-agent")
+
+
+def private_cache_dir() -> Path:
+    """cache_dir(), made 0700 when missing; refused when it is not ours or others may write it. It holds the task
+    repositories' snapshots (repo.py), llama.cpp builds and more (uni_agent.private_dirs lists every directory a run
+    keeps)."""
+    return ensure_private_dir(cache_dir().absolute(), parents=True, setting=CACHE_VARIABLE)
 
 
 def ensure_private_dir(path: Path, *, parents: bool, setting: str = "") -> Path:

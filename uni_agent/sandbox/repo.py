@@ -16,6 +16,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .private_dir import private_cache_dir
+
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 BUNDLED_TASKS_DIR = Path(PACKAGE_DIR) / "tasks" / "bundled"
 
@@ -33,8 +35,6 @@ LAST_USED = ".git/uni-agent-last-used"  # in each snapshot, touched at each use:
 
 
 def cache_root() -> Path:
-    from ..private_dirs import private_cache_dir
-
     return private_cache_dir()
 
 
