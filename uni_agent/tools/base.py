@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from ..config import InteractionConfig
 from ..sandbox import Sandbox
 
 Status = Literal["ok", "error", "timeout"]
@@ -19,6 +18,17 @@ class ToolReply:
     submitted: bool = False  # the episode ends after this call
 
 
+class ToolLimits(Protocol):
+    """What the built-in tools read of the agent's interaction config (uni_agent.config.InteractionConfig, which a
+    tool is given whole)."""
+
+    @property
+    def action_timeout(self) -> float: ...
+
+    @property
+    def max_observation_chars(self) -> int: ...
+
+
 class Tool(Protocol):
     async def run(self, arguments: dict[str, Any]) -> ToolReply: ...
 
@@ -28,4 +38,4 @@ class ToolClass(Protocol):
 
     SCHEMA: ClassVar[dict]  # OpenAI function form: {"type": "function", "function": {"name", "description", ...}}
 
-    def __call__(self, sandbox: Sandbox, interaction: InteractionConfig) -> Tool: ...
+    def __call__(self, sandbox: Sandbox, interaction: ToolLimits) -> Tool: ...

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import InteractionConfig
 from ..sandbox import Sandbox, clip_output
-from .base import Status, ToolReply
+from .base import Status, ToolLimits, ToolReply
 
 
 class ExecuteBash:
@@ -27,7 +26,7 @@ class ExecuteBash:
         },
     }
 
-    def __init__(self, sandbox: Sandbox, interaction: InteractionConfig):
+    def __init__(self, sandbox: Sandbox, interaction: ToolLimits):
         self.sandbox = sandbox
         self.interaction = interaction
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import InteractionConfig
 from ..sandbox import Sandbox
-from .base import ToolReply
+from .base import ToolLimits, ToolReply
 from .editor import EditorError, StrReplaceEditor
 
 
 class StrReplaceEditorTool:
     SCHEMA = StrReplaceEditor.SCHEMA
 
-    def __init__(self, sandbox: Sandbox, interaction: InteractionConfig):
+    def __init__(self, sandbox: Sandbox, interaction: ToolLimits):
         self.editor = StrReplaceEditor(sandbox, max_view_chars=interaction.max_observation_chars)
 
     async def run(self, arguments: dict[str, Any]) -> ToolReply:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import InteractionConfig
 from ..sandbox import Sandbox
-from .base import ToolReply
+from .base import ToolLimits, ToolReply
 
 
 class Submit:
@@ -19,7 +18,7 @@ class Submit:
         },
     }
 
-    def __init__(self, sandbox: Sandbox, interaction: InteractionConfig):
+    def __init__(self, sandbox: Sandbox, interaction: ToolLimits):
         pass  # nothing to hold: submitting touches nothing
 
     async def run(self, arguments: dict[str, Any]) -> ToolReply:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..config import InteractionConfig
 from ..sandbox import Sandbox
 from ..tool_calls import ToolCall
-from .base import Status, Tool, ToolClass
+from .base import Status, Tool, ToolClass, ToolLimits
 from .registry import TOOLS
 
 
@@ -31,7 +30,7 @@ class ToolOutcome:
 
 
 class Toolbox:
-    def __init__(self, names: list[str], sandbox: Sandbox, interaction: InteractionConfig):
+    def __init__(self, names: list[str], sandbox: Sandbox, interaction: ToolLimits):
         self.names = names
         self.sandbox = sandbox
         self.interaction = interaction
