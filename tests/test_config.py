@@ -56,7 +56,7 @@ def test_shipped_local_config_loads_with_its_values() -> None:
     assert agents.source == str(EXAMPLE_CONFIG)
     agent = agents.validated["swe_agent"]
     assert agent.name == "swe_agent"
-    assert agent.target == "uni_agent.episode.agent_loop.UniAgentLoop"
+    assert agent.target == "uni_agent.agent_loop.UniAgentLoop"
     assert agent.concurrency == 8
     assert agent.log_dir is None
     assert agent.interaction.max_turns == 6
@@ -78,16 +78,18 @@ def test_shipped_local_config_loads_with_its_values() -> None:
     assert agent.reward.name is None
 
 
-@pytest.mark.parametrize("target", ["uni_agent.agent_loop.UniAgentLoop", "uni_agent.episode.agent_loop.UniAgentLoop"])
-def test_the_seeds_loop_path_and_the_packaged_one_name_the_same_loop(target: str) -> None:
-    """The seed's `_target_` (in users' YAML files) keeps working after the loop moved into uni_agent.episode; config
-    keeps one spelling, and the old module path still imports the same class."""
+@pytest.mark.parametrize("target", ["uni_agent.agent_loop.UniAgentLoop", "uni_agent.episode.agent_loop.UniAgentLoop",
+                                    None])
+def test_the_seeds_loop_path_the_packaged_one_and_none_name_the_same_loop(target: str | None) -> None:
+    """The seed's `_target_` (in users' YAML files) keeps working after the loop moved into uni_agent.episode, and an
+    agent that names none runs the same loop (config names no loop: the episode knows its own)."""
     from uni_agent.agent_loop import UniAgentLoop as seed_loop
-    from uni_agent.episode.agent_loop import UniAgentLoop
+    from uni_agent.episode.agent_loop import UniAgentLoop, strategy_for
 
-    agent = AgentConfigs({"a": {"name": "a", "_target_": target}}, "test").validated["a"]
-    assert agent.target == "uni_agent.episode.agent_loop.UniAgentLoop"
-    assert seed_loop is UniAgentLoop
+    entry = {"name": "a"} if target is None else {"name": "a", "_target_": target}
+    agent = AgentConfigs({"a": entry}, "test").validated["a"]
+    assert agent.target == target
+    assert type(strategy_for(agent)) is UniAgentLoop and seed_loop is UniAgentLoop
 
 
 def test_single_mapping_is_one_agent(tmp_path: Path) -> None:

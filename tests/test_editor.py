@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import make_sandbox, read_file
+from uni_agent.sandbox import read_file
+from uni_agent.sandbox.local import LocalDeploymentConfig
 from uni_agent.tools.editor import EditorError, StrReplaceEditor
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -58,7 +58,7 @@ def run(repo: Path, body: Callable[[StrReplaceEditor, Any], Awaitable[Any]], **e
     """Start a sandbox on `repo`, run `body(editor, sandbox)`, and always close the sandbox."""
 
     async def main() -> Any:
-        sandbox = make_sandbox(LocalDeploymentConfig(repo=str(repo)), env_variables={}, name="editor-test")
+        sandbox = LocalDeploymentConfig(repo=str(repo)).build(env_variables={}, name="editor-test")
         async with sandbox:  # type: ignore[attr-defined]
             return await body(StrReplaceEditor(sandbox, **editor_kwargs), sandbox)
 

@@ -20,8 +20,9 @@ from test_sandbox_container import image  # noqa: F401 - the podman test image, 
 from test_sandbox_modal import cloud  # noqa: F401 - the fake Modal cloud, a fixture
 from test_sandbox_modal import deployment as modal_deployment
 
-from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
-from uni_agent.sandbox import Sandbox, make_sandbox
+from uni_agent.sandbox import Sandbox
+from uni_agent.sandbox.container import ContainerDeploymentConfig
+from uni_agent.sandbox.local import LocalDeploymentConfig
 from uni_agent.sandbox.relay import tcp_target
 
 T = TypeVar("T")
@@ -66,14 +67,14 @@ def open_sandbox(request: pytest.FixtureRequest, repo: Path) -> Callable[[], San
     backend = request.param
     if backend == "modal-fake":
         request.getfixturevalue("cloud")
-        return lambda: make_sandbox(modal_deployment(repo=str(repo)), {}, "relay")
+        return lambda: modal_deployment(repo=str(repo)).build({}, "relay")
     if backend == "local":
-        return lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay")
+        return lambda: LocalDeploymentConfig(repo=str(repo)).build({}, "relay")
     tag = request.getfixturevalue("image")
     if backend == "local-image":
-        return lambda: make_sandbox(LocalDeploymentConfig(image=tag, repo=str(repo)), {}, "relay")
+        return lambda: LocalDeploymentConfig(image=tag, repo=str(repo)).build({}, "relay")
     config = ContainerDeploymentConfig(type="podman", image=tag, pull="never", repo=str(repo))
-    return lambda: make_sandbox(config, {}, "relay")
+    return lambda: config.build({}, "relay")
 
 
 async def echo_server() -> tuple[asyncio.Server, int, list[int]]:
@@ -131,7 +132,7 @@ def test_a_target_that_refuses_closes_the_connection_and_the_sandbox_goes_on(rep
                               "s.sendall(b'x'); print(repr(s.recv(10)))\"", 30)
         return read, await box.exec("echo after", 10)
 
-    read, after = with_box(lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay"), body)
+    read, after = with_box(lambda: LocalDeploymentConfig(repo=str(repo)).build({}, "relay"), body)
     assert read.exit_code == 0 and read.output.strip() in ("b''",), read.output
     assert after.output == "after\n"
 
@@ -148,7 +149,7 @@ def test_closing_a_sandbox_with_connections_open_leaves_no_task(repo: Path) -> N
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         async with server:
-            box = make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay")
+            box = LocalDeploymentConfig(repo=str(repo)).build({}, "relay")
             async with box:
                 port = await box.session.listen(tcp_target("127.0.0.1", server.sockets[0].getsockname()[1]))
                 await box.exec(f"nohup python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', "
@@ -183,7 +184,7 @@ def test_bytes_are_intact_in_both_directions_with_a_slow_reader(repo: Path) -> N
                 "h = hashlib.sha256(); n = 0\nwhile True:\n chunk = s.recv(4096)\n if not chunk: break\n "
                 "h.update(chunk); n += len(chunk)\n if n < 65536: time.sleep(0.01)\nprint(n, h.hexdigest())\"", 120)
 
-    result = with_box(lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay"), body)
+    result = with_box(lambda: LocalDeploymentConfig(repo=str(repo)).build({}, "relay"), body)
     assert result.output.split() == [str(len(payload)), hashlib.sha256(payload).hexdigest()], result.output
 
 
@@ -226,7 +227,7 @@ def test_a_program_that_outruns_its_target_loses_the_connection_not_the_workers_
                 after = await box.exec(f"python3 -c '{CLIENT}' {port2} 2 1000", 60)
         return flood, after
 
-    flood, after = with_box(lambda: make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "relay"), body)
+    flood, after = with_box(lambda: LocalDeploymentConfig(repo=str(repo)).build({}, "relay"), body)
     assert "eof" in flood.output or "send" in flood.output, flood.output
     assert max(peak) <= (1 << 20) + 65536, max(peak)
     assert after.output.strip() == "ok", after.output

@@ -19,11 +19,11 @@ from uni_agent.episode.envelope import run_episode
 from uni_agent.episode.exit_reason import EXIT_REASONS, ExitReason
 from uni_agent.episode.failures import FailedPart, FailureKind
 from uni_agent.episode.rollout import RolloutResult, RolloutSpec
-from uni_agent.episode.strategy import Episode, strategy_for
+from uni_agent.episode.strategy import Episode
 from uni_agent.events import RolloutState, rollout_event
 from uni_agent.grading import Verification
 from uni_agent.harness import HarnessAgent
-from uni_agent.episode.agent_loop import UniAgentLoop
+from uni_agent.episode.agent_loop import UniAgentLoop, strategy_for
 from uni_agent.sandbox import SandboxStartError
 from uni_agent.sandbox.session import ImageWithoutPython, Session
 from uni_agent.sandbox.supervisor_launch import NO_PYTHON

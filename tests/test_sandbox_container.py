@@ -23,10 +23,10 @@ from container_image import image_for_tests
 from test_sandbox_local import processes_with, wait_until_gone
 
 from uni_agent.episode.agent_loop import start_sandbox
-from uni_agent.config import AgentConfigs, ContainerDeploymentConfig
-from uni_agent.sandbox import Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
+from uni_agent.config import AgentConfigs
+from uni_agent.sandbox import Sandbox, SandboxError, SandboxStartError, read_file, write_file
 from uni_agent.sandbox import session as session_module
-from uni_agent.sandbox.container import ContainerSandbox
+from uni_agent.sandbox.container import ContainerDeploymentConfig, ContainerSandbox
 from uni_agent.sandbox.container_reap import LABEL, OWNER_LABEL, list_containers, owner_id, reap
 from uni_agent.sandbox.limiter import start_limits
 from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES
@@ -92,7 +92,7 @@ def config(image: str, **overrides: Any) -> ContainerDeploymentConfig:
 @asynccontextmanager
 async def container(image: str, env: dict[str, str] | None = None, name: str = "t", **overrides: Any
                     ) -> AsyncIterator[ContainerSandbox]:
-    box = make_sandbox(config(image, **overrides), env or {}, name)
+    box = config(image, **overrides).build(env or {}, name)
     assert isinstance(box, ContainerSandbox) and isinstance(box, Sandbox)
     async with box:
         yield box
@@ -269,7 +269,7 @@ def test_limits_network_and_labels(image: str, repo: Path) -> None:
 
 def test_close_removes_the_container_and_twice_is_harmless(image: str, repo: Path) -> None:
     async def main() -> None:
-        box = make_sandbox(config(image, repo=str(repo)), {}, "closing")
+        box = config(image, repo=str(repo)).build({}, "closing")
         await box.start()
         assert box.name in labelled_containers()
         await box.close()
@@ -376,8 +376,7 @@ def test_container_removed_from_outside_is_an_infrastructure_error(image: str, r
 
 CRASHING_OWNER = textwrap.dedent("""
     import asyncio, os, signal, sys
-    from uni_agent.config import ContainerDeploymentConfig
-    from uni_agent.sandbox.container import ContainerSandbox
+    from uni_agent.sandbox.container import ContainerDeploymentConfig, ContainerSandbox
 
     async def main():
         box = ContainerSandbox(ContainerDeploymentConfig(type="podman", image=sys.argv[1], pull="never",
@@ -425,7 +424,7 @@ def check_crashed(image: str, short: str, long: str) -> None:
 
 def test_start_cap_holds_across_concurrent_starts(image: str, repo: Path) -> None:
     async def main() -> int:
-        boxes = [make_sandbox(config(image, repo=str(repo), max_starting=1), {}, f"cap{i}") for i in range(3)]
+        boxes = [config(image, repo=str(repo), max_starting=1).build({}, f"cap{i}") for i in range(3)]
         try:
             await asyncio.gather(*(b.start() for b in boxes))
             return start_limits(("container", "podman"), 1).cap.max_held

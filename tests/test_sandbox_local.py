@@ -16,10 +16,9 @@ from typing import Any, TypeVar
 import pytest
 from conftest import _cmd, poll_until
 
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import ExecResult, Sandbox, SandboxError, SandboxStartError, make_sandbox, read_file, write_file
+from uni_agent.sandbox import ExecResult, Sandbox, SandboxError, SandboxStartError, read_file, write_file
 from uni_agent.sandbox.bwrap import _python_dirs
-from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES, LocalSandbox
+from uni_agent.sandbox.local import CAPTURE_LIMIT_BYTES, LocalDeploymentConfig, LocalSandbox
 from uni_agent.sandbox.userns import user_namespace
 
 T = TypeVar("T")
@@ -56,7 +55,7 @@ def tree(root: Path) -> dict[str, bytes]:
 @contextlib.asynccontextmanager
 async def sandbox(repo: Path, env: dict[str, str] | None = None, name: str = "t", **config: Any
                   ) -> AsyncIterator[LocalSandbox]:
-    box = make_sandbox(LocalDeploymentConfig(repo=str(repo), **config), env or {}, name)
+    box = LocalDeploymentConfig(repo=str(repo), **config).build(env or {}, name)
     assert isinstance(box, LocalSandbox)
     assert isinstance(box, Sandbox)
     await box.start()
@@ -573,7 +572,7 @@ def test_close_removes_the_sandbox_and_leaves_nothing_mounted(repo: Path, tmp_pa
     root = tmp_path / "sandboxes"
 
     async def main() -> None:
-        box = make_sandbox(LocalDeploymentConfig(repo=str(repo), workspace=workspace), {}, "closing")
+        box = LocalDeploymentConfig(repo=str(repo), workspace=workspace).build({}, "closing")
         assert isinstance(box, LocalSandbox)
         await box.start()
         assert box.dir is not None
@@ -595,7 +594,7 @@ def test_close_removes_the_sandbox_and_leaves_nothing_mounted(repo: Path, tmp_pa
 
 def test_async_with_closes(repo: Path, tmp_path: Path) -> None:
     async def main() -> Path:
-        box = make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "ctx")
+        box = LocalDeploymentConfig(repo=str(repo)).build({}, "ctx")
         assert isinstance(box, LocalSandbox)
         async with box:
             assert box.dir is not None and box.dir.is_dir()
@@ -626,7 +625,7 @@ def test_a_start_cancelled_while_its_dir_is_made_leaves_no_dir(repo: Path, tmp_p
     monkeypatch.setattr(local, "make_private_subdir", slow_make_dir)
 
     async def main() -> str:
-        box = make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "cancelled")
+        box = LocalDeploymentConfig(repo=str(repo)).build({}, "cancelled")
 
         async def start() -> None:
             try:
@@ -649,7 +648,7 @@ def test_a_start_cancelled_while_its_dir_is_made_leaves_no_dir(repo: Path, tmp_p
 
 def test_missing_repo_raises_start_error(repo: Path, tmp_path: Path) -> None:
     async def start(repo_ref: str) -> None:
-        box = make_sandbox(LocalDeploymentConfig(repo=repo_ref), {}, "missing")
+        box = LocalDeploymentConfig(repo=repo_ref).build({}, "missing")
         try:
             await box.start()
         finally:
@@ -660,7 +659,7 @@ def test_missing_repo_raises_start_error(repo: Path, tmp_path: Path) -> None:
     with pytest.raises(SandboxStartError, match="bundled:no-such-task"):
         run(start("bundled:no-such-task"))
     with pytest.raises(SandboxStartError):
-        make_sandbox(LocalDeploymentConfig(repo=None), {}, "none")
+        LocalDeploymentConfig(repo=None).build({}, "none")
     assert not (tmp_path / "sandboxes").exists() or list((tmp_path / "sandboxes").iterdir()) == []
 
 
@@ -672,7 +671,7 @@ def test_bundled_repo_reference_starts(repo: Path) -> None:
                       if p.name not in ("__pycache__", ".pytest_cache", ".git"))
 
     async def main() -> list[str]:
-        box = make_sandbox(LocalDeploymentConfig(repo=f"bundled:{task}"), {}, "bundled")
+        box = LocalDeploymentConfig(repo=f"bundled:{task}").build({}, "bundled")
         await box.start()
         try:
             return (await box.exec("ls -A | grep -vx .git", 10)).output.split()
@@ -761,8 +760,7 @@ def test_a_removal_cut_short_leaves_a_dir_the_next_reap_finishes(tmp_path: Path,
 
 OWNER_SCRIPT = """
 import asyncio, sys
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox.local import LocalSandbox
+from uni_agent.sandbox.local import LocalDeploymentConfig, LocalSandbox
 
 async def main():
     box = LocalSandbox(LocalDeploymentConfig(repo=sys.argv[1], pids_limit=64), name="killed-owner")

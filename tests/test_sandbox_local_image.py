@@ -18,13 +18,13 @@ import pytest
 from container_image import image_for_tests
 from test_sandbox_local import processes_with, wait_until_gone
 
-from uni_agent.config import AgentConfigs, LocalDeploymentConfig
+from uni_agent.config import AgentConfigs
 from uni_agent.grading import verify_patch
-from uni_agent.sandbox import SandboxError, make_sandbox
+from uni_agent.sandbox import SandboxError
 from uni_agent.sandbox import image_sources
 from uni_agent.sandbox.image_sources import ImageError
 from uni_agent.sandbox.image_store import META, ImageStore
-from uni_agent.sandbox.local import LocalSandbox
+from uni_agent.sandbox.local import LocalDeploymentConfig, LocalSandbox
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def isolated(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def sandbox(image: str, **fields: Any) -> LocalSandbox:
-    box = make_sandbox(LocalDeploymentConfig(image=image, **fields), {"FROM_ROW": "row value"}, "img")
+    box = LocalDeploymentConfig(image=image, **fields).build({"FROM_ROW": "row value"}, "img")
     assert isinstance(box, LocalSandbox)
     return box
 

@@ -33,10 +33,11 @@ from typing import Any, TypeVar
 import pytest
 
 from uni_agent.episode.agent_loop import start_sandbox
-from uni_agent.config import AgentConfig, AgentConfigs, ConfigError, ModalDeploymentConfig
-from uni_agent.sandbox import SandboxError, SandboxStartError, make_sandbox, read_file, write_file
+from uni_agent.config import AgentConfig, AgentConfigs, ConfigError
+from uni_agent.sandbox import SandboxError, SandboxStartError, read_file, write_file
 from uni_agent.sandbox import modal as modal_backend
 from uni_agent.sandbox.limiter import RateLimiter, StartingCap
+from uni_agent.sandbox.modal import ModalDeploymentConfig
 from uni_agent.sandbox.bwrap import _python_dirs
 from uni_agent.tasks.swe_form import BUNDLED_DIR, load_instance
 from uni_agent.grading import verify_patch
@@ -405,7 +406,7 @@ def test_exec_semantics_timeouts_and_files(cloud: FakeCloud, repo: Path) -> None
     marker = f"2903.{os.getpid() % 10000}"
 
     async def main() -> None:
-        async with make_sandbox(deployment(repo=str(repo)), {"MY_VAR": "v 1"}, "exec") as box:
+        async with deployment(repo=str(repo)).build({"MY_VAR": "v 1"}, "exec") as box:
             ok = await box.exec("pwd; cat a.txt; echo err >&2; exit 4", 10)
             assert (ok.stdout, ok.exit_code, ok.timed_out) == (b"/testbed\noriginal a\nerr\n", 4, False)
             separate = await box.exec("echo out; echo err >&2", 10, merge_stderr=False)
@@ -454,7 +455,7 @@ def test_create_gets_the_deployment_settings(cloud: FakeCloud) -> None:
                         add_python="3.11", environment_name="dev", modal_sandbox_kwargs={"region": "us-east"})
 
     async def main() -> None:
-        async with make_sandbox(config, {}, "settings") as box:
+        async with config.build({}, "settings") as box:
             assert (await box.exec("pwd", 10)).stdout == b"/work\n"
 
     run(main())
@@ -506,7 +507,7 @@ def test_starting_cap_and_create_rate_are_respected(cloud: FakeCloud) -> None:
     config = deployment(max_starting=2, creates_per_second=10)
 
     async def main() -> None:
-        boxes = [make_sandbox(config, {}, f"cap{i}") for i in range(6)]
+        boxes = [config.build({}, f"cap{i}") for i in range(6)]
         try:
             await asyncio.gather(*(b.start() for b in boxes))
         finally:
@@ -560,7 +561,7 @@ def test_an_unanswered_lookup_is_bounded(cloud: FakeCloud, monkeypatch: pytest.M
 def test_missing_sdk_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "modal", None)  # `import modal` raises ImportError
     with pytest.raises(SandboxError, match=r"uni-agent\[modal\]"):
-        run(make_sandbox(deployment(), {}, "nosdk").start())
+        run(deployment().build({}, "nosdk").start())
 
 
 # -- no leak on any path -----------------------------------------------------------------------------------------------
@@ -611,7 +612,7 @@ def test_a_crash_during_setup_leaves_nothing(cloud: FakeCloud) -> None:
 
 def test_an_error_in_the_rollout_still_terminates(cloud: FakeCloud) -> None:
     async def main() -> None:
-        async with make_sandbox(deployment(), {}, "boom"):
+        async with deployment().build({}, "boom"):
             raise RuntimeError("the agent crashed")
 
     with pytest.raises(RuntimeError, match="agent crashed"):
@@ -623,7 +624,7 @@ def test_terminate_is_retried_and_a_dead_sandbox_is_an_infrastructure_error(clou
     cloud.failures["terminate"] += [ERR.ConnectionError("reset")]
 
     async def main() -> None:
-        box = make_sandbox(deployment(), {}, "term")
+        box = deployment().build({}, "term")
         await box.start()
         cloud.sandboxes[0].ended = True  # Modal ended it (its timeout); close() must still call terminate
         cloud.sandboxes[0].kill_processes()
@@ -641,10 +642,10 @@ def test_proxy_is_set_for_the_sdk_and_one_proxy_per_process(cloud: FakeCloud, mo
         monkeypatch.delenv(key, raising=False)
 
     async def main() -> None:
-        async with make_sandbox(deployment(proxy="http://proxy.invalid:3128"), {}, "proxy"):
+        async with deployment(proxy="http://proxy.invalid:3128").build({}, "proxy"):
             assert os.environ["HTTPS_PROXY"] == "http://proxy.invalid:3128"
         with pytest.raises(SandboxError, match="one proxy"):
-            await make_sandbox(deployment(proxy="http://other.invalid:1"), {}, "proxy2").start()
+            await deployment(proxy="http://other.invalid:1").build({}, "proxy2").start()
 
     run(main())
 

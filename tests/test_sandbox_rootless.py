@@ -26,8 +26,8 @@ import pytest
 from container_image import image_for_tests
 from unprivileged import User, ensure_user, popen_as, remove_users, run_python_as, shared_dir
 
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import SandboxError, SandboxStartError, make_sandbox
+from uni_agent.sandbox import SandboxError, SandboxStartError
+from uni_agent.sandbox.local import LocalDeploymentConfig
 from uni_agent.sandbox.private_dir import UnsafeDirectory, make_private_subdir, sandbox_root
 
 USERS = ("ua-test-a", "ua-test-b")
@@ -114,7 +114,7 @@ def test_a_root_that_is_a_symlink_someone_elses_or_open_is_refused(users: tuple[
 
     # a start under such a root is a SandboxError that the start retries leave alone
     async def start() -> None:
-        async with make_sandbox(LocalDeploymentConfig(repo=TASK), {}, "refused"):
+        async with LocalDeploymentConfig(repo=TASK).build({}, "refused"):
             pass
 
     with pytest.raises(SandboxError, match="writable by group") as start_refused:
@@ -157,11 +157,10 @@ def test_a_default_root_squatted_by_another_user_is_refused(users: tuple[User, U
 # -- privacy of live sandboxes ----------------------------------------------------------------------------------
 HOLDER = """
 import asyncio, json, sys
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import make_sandbox
+from uni_agent.sandbox.local import LocalDeploymentConfig
 
 async def main():
-    async with make_sandbox(LocalDeploymentConfig(repo={task!r}), {{"UA_SECRET": {secret!r}}}, "holder") as box:
+    async with LocalDeploymentConfig(repo={task!r}).build({{"UA_SECRET": {secret!r}}}, "holder") as box:
         print(json.dumps({{"dir": str(box.dir)}}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # while the other user tries its luck
         result = await box.exec("echo $UA_SECRET; ls", 30)
@@ -172,8 +171,7 @@ asyncio.run(main())
 
 PRYER = """
 import asyncio, json, os
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import make_sandbox
+from uni_agent.sandbox.local import LocalDeploymentConfig
 
 target = {target!r}
 tries = {{
@@ -186,7 +184,7 @@ tries = {{
 
 async def main():
     outcomes = {{}}
-    async with make_sandbox(LocalDeploymentConfig(repo={task!r}), {{}}, "pryer") as own:  # both live at once
+    async with LocalDeploymentConfig(repo={task!r}).build({{}}, "pryer") as own:  # both live at once
         for what, attempt in tries.items():
             try:
                 attempt()
@@ -225,9 +223,7 @@ def test_a_user_cannot_read_or_move_another_users_live_sandbox(users: tuple[User
 # -- image sandboxes without root -------------------------------------------------------------------------------
 IMAGE_RUN = """
 import asyncio, json, os, subprocess, time
-from uni_agent.config import LocalDeploymentConfig
-from uni_agent.sandbox import make_sandbox
-from uni_agent.sandbox.local import reap_orphaned_sandboxes, sandbox_root
+from uni_agent.sandbox.local import LocalDeploymentConfig, reap_orphaned_sandboxes, sandbox_root
 from uni_agent.sandbox.userns import user_namespace
 
 COMMANDS = {{
@@ -246,9 +242,9 @@ def disk_bytes(path):
 
 async def main():
     found = {{}}
-    async with make_sandbox(LocalDeploymentConfig(image={image!r}), {{}}, "warm"):
+    async with LocalDeploymentConfig(image={image!r}).build({{}}, "warm"):
         pass  # the first start unpacks the image into this user's cache
-    box = make_sandbox(LocalDeploymentConfig(image={image!r}), {{}}, "img")
+    box = LocalDeploymentConfig(image={image!r}).build({{}}, "img")
     started = time.perf_counter()
     async with box:
         found["start_s"] = time.perf_counter() - started
@@ -298,16 +294,15 @@ def test_without_subordinate_ids_an_image_runs_as_root_and_a_user_image_is_a_cle
     try:
         found = run_json(user, f"""
             import asyncio, json
-            from uni_agent.config import LocalDeploymentConfig
-            from uni_agent.sandbox import make_sandbox
+            from uni_agent.sandbox.local import LocalDeploymentConfig
 
             async def main():
                 found = {{}}
-                async with make_sandbox(LocalDeploymentConfig(image={images["base"]!r}), {{}}, "base") as box:
+                async with LocalDeploymentConfig(image={images["base"]!r}).build({{}}, "base") as box:
                     found["overlay"] = box.use_overlay
                     found["ids"] = (await box.exec("id -u; echo $HOME; stat -c %u /usr/bin/env", 30)).output.split()
                 try:
-                    async with make_sandbox(LocalDeploymentConfig(image={images["user"]!r}), {{}}, "user"):
+                    async with LocalDeploymentConfig(image={images["user"]!r}).build({{}}, "user"):
                         found["error"] = None
                 except Exception as exc:
                     found["error"] = [type(exc).__name__, str(exc)]
@@ -327,12 +322,11 @@ def test_a_rootless_repo_sandbox_is_an_overlay_too(users: tuple[User, User]) -> 
     """The host-root sandbox (no image): the task repo copy-on-write at /testbed, not copied; the patch as usual."""
     found = run_json(users[1], f"""
         import asyncio, json
-        from uni_agent.config import LocalDeploymentConfig
-        from uni_agent.sandbox import make_sandbox
+        from uni_agent.sandbox.local import LocalDeploymentConfig
         from uni_agent.sandbox.start import workspace_patch
 
         async def main():
-            async with make_sandbox(LocalDeploymentConfig(repo={TASK!r}), {{}}, "repo") as box:
+            async with LocalDeploymentConfig(repo={TASK!r}).build({{}}, "repo") as box:
                 found = {{"overlay": box.use_overlay}}
                 found["inside"] = (await box.exec("id -u; echo $HOME; grep -c ' /testbed .* - overlay ' "
                                                   "/proc/self/mountinfo; echo change >> README.md", 30)).output.split()
@@ -351,7 +345,7 @@ def test_as_root_an_image_without_run_runs_as_its_user(images: dict[str, str], t
     monkeypatch.setenv("UNI_AGENT_IMAGE_CACHE", str(tmp_path / "cache"))
 
     async def main() -> list[str]:
-        async with make_sandbox(LocalDeploymentConfig(image=images["user"]), {}, "norun") as box:
+        async with LocalDeploymentConfig(image=images["user"]).build({}, "norun") as box:
             return (await box.exec("id -u; stat -c %a /run; stat -c %u:%g /opt/owned", 30)).output.split()
 
     assert asyncio.run(main()) == ["1234", "755", "1234:2345"]

@@ -21,8 +21,9 @@ from conftest import REPO_ROOT
 from test_sandbox_container import image  # noqa: F401 - the podman test image, a session fixture
 from test_sandbox_local import is_supervisor, processes_with, wait_until_gone
 
-from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
-from uni_agent.sandbox import Sandbox, SandboxError, make_sandbox
+from uni_agent.sandbox import Sandbox, SandboxError
+from uni_agent.sandbox.container import ContainerDeploymentConfig
+from uni_agent.sandbox.local import LocalDeploymentConfig
 from uni_agent.sandbox.supervisor import CAPTURE_LIMIT_BYTES
 
 T = TypeVar("T")
@@ -48,10 +49,10 @@ def open_sandbox(request: pytest.FixtureRequest, repo: Path) -> Callable[..., Sa
 
     def make(**overrides: Any) -> Sandbox:
         if backend == "local":
-            return make_sandbox(LocalDeploymentConfig(repo=str(repo), **overrides), {}, "sess")
+            return LocalDeploymentConfig(repo=str(repo), **overrides).build({}, "sess")
         tag = request.getfixturevalue("image")
         config = ContainerDeploymentConfig(type="podman", image=tag, pull="never", repo=str(repo), **overrides)
-        return make_sandbox(config, {}, "sess")
+        return config.build({}, "sess")
 
     return make
 

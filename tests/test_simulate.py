@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from uni_agent.bench.simulate import SimOptions, ideal_makespan, run_simulation
-from uni_agent.config import AgentConfigs, ConfigError, EnvConfig, MemoryDeploymentConfig
-from uni_agent.sandbox import make_sandbox
+from uni_agent.config import AgentConfigs, ConfigError, EnvConfig
+from uni_agent.sandbox.memory import MemoryDeploymentConfig
 from uni_agent.sandbox.start import workspace_patch
 
 
@@ -18,7 +18,7 @@ def test_memory_sandbox_takes_its_time_and_answers_canned_output():
     config = MemoryDeploymentConfig(command_s=0.02, output="hi\n")
 
     async def scenario():
-        sandbox = make_sandbox(config, {}, name="m")
+        sandbox = config.build({}, name="m")
         async with sandbox:
             loop = asyncio.get_running_loop()
             started = loop.time()

@@ -6,8 +6,9 @@ merged dict is validated again, so a bad row is reported with its index. A run s
 (`--max-turns`) is merged last, over the row: what the user asked for this run wins over the data
 (docs/configuration.md, "Precedence").
 
-One file (over 300 lines) on purpose: it is the reference for every key of the YAML, read top to bottom by users
-writing one; each class is small and the file holds nothing but the models and their loading.
+One file on purpose: it is the reference for every key of the YAML, read top to bottom by users writing one; each
+class is small and the file holds nothing but the models and their loading. The keys of a sandbox backend
+(`env.deployment`) are its config class's, beside the backend (uni_agent.sandbox.local:LocalDeploymentConfig, ...).
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from .registry import Registry, import_object
+from .registry import import_object
+from .sandbox.base import DeploymentBase
+from .sandbox.registry import deployment_config
 from .tool_calls.registry import TEXT_FORMATS
 from .tools.registry import TOOLS
 
 TOOL_NAMES = tuple(TOOLS.names())  # the default tool list: every built-in tool, in registry order
-LOOP_TARGET = "uni_agent.episode.agent_loop.UniAgentLoop"
-# The seed's spelling of the loop, in users' YAML files: the same class (uni_agent/agent_loop.py re-exports it).
-TARGET_ALIASES = {"uni_agent.agent_loop.UniAgentLoop": LOOP_TARGET}
 # The agent config a run uses when none is named (RunSettings.agent_config_path): shipped inside the package, so an
 # install from a wheel has it; examples/agent_interaction/agent_config_local.yaml is a link to it.
 DEFAULT_AGENT_CONFIG = Path(__file__).resolve().parent / "defaults" / "agent_config.yaml"
@@ -41,181 +41,10 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DeploymentBase(StrictModel):
-    """What every sandbox backend's config has. A backend is a subclass that sets `type` and `sandbox_class`, registered
-    in DEPLOYMENTS (or named by its import path in `type`, which then is a plain `str` field)."""
-
-    sandbox_class: ClassVar[Any]
-    """The backend's Sandbox class, or its "module:Class" path, imported only where a sandbox starts (so an optional
-    SDK such as modal's is needed only there); made with (config, env_variables, name=...)."""
-    type: str
-    """The backend: a name in DEPLOYMENTS, or the import path of its config class."""
-    startup_timeout: float = 600
-    """Seconds allowed for the sandbox to start (per attempt)."""
-    runtime_timeout: float = 300
-    """Upper bound on any single command in the sandbox."""
-    deployment_timeout: float = 3600
-    """Lifetime of the sandbox; the rollout is ended when it is reached."""
-    start_retries: int = 3
-    """Attempts at starting a sandbox before the rollout fails (transient errors only)."""
-
-
-class ImageDeploymentBase(DeploymentBase):
-    """A deployment whose sandboxes run a container image, through a provider the driver may reach via a proxy."""
-
-    image: str | None = None
-    """Container image (a registry reference, or for `local` also an OCI layout or archive: see image_store.py)."""
-    proxy: str | None = None
-    """Proxy for reaching the image registry or the sandbox provider."""
-
-
-class LocalDeploymentConfig(DeploymentBase):
-    """A bubblewrap sandbox on this machine. Its root is the host's filesystem, read-only, or with `image` the image's
-    root filesystem, copy-on-write; the task repo (`repo`, if given) is mounted copy-on-write at `workdir`."""
-
-    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.local:LocalSandbox"
-    type: Literal["local"] = "local"
-    image: str | None = None
-    """A container image to run in, unpacked once per node (no container runtime needed): a registry reference
-    (fetched with skopeo, or from a local podman), `oci:DIR[:TAG]`, `oci-archive:FILE` or `docker-archive:FILE`.
-    Its Env, WorkingDir and User apply. None: the host's own /usr, read-only."""
-    repo: str | None = None
-    """The task repository: a directory, or `bundled:<instance_id>` for a bundled task. Optional with `image`
-    (the image's own `workdir` then, e.g. SWE-bench's /testbed)."""
-    workdir: str = "/testbed"
-    network: bool = False
-    workspace: Literal["auto", "overlay", "copy"] = "auto"
-    """overlay: copy-on-write through overlayfs (as root, or without root in a user namespace of the sandbox's own);
-    copy: a full copy at every start; auto: overlay where the kernel allows one (else a copy, said once in the log)."""
-    max_memory_mb: int | None = 4096
-    """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
-    pids_limit: int | None = Field(default=1024, ge=16)
-    """Processes (and threads) the whole sandbox may run at once, so a fork bomb stays inside it: a pids cgroup per
-    sandbox where one is writable (root), else `ulimit -u` (binds non-root workers only); None for no limit."""
-    mounts: dict[str, str] = Field(default_factory=dict)
-    """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
-    environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
-    cpu_nice: int = Field(default=0, ge=0, le=19)
-    """How far below the worker the sandbox's processes run for the CPU, as `nice` counts (0: level with it, 19:
-    last): a polite setting for a node shared with others. Not a speed-up: at 10 the rollouts ran no faster, and on
-    16 cores slower, their sandbox starts and commands waiting longer (docs/benchmarks.md, "Sandbox sessions and CPU
-    priority")."""
-    launcher: Literal["auto", "fork_server", "bwrap"] = "auto"
-    """How a sandbox is started. fork_server: forked by the worker's fork server, a process that pays for bwrap and
-    the interpreter once (one per worker process; ~3 ms of CPU a start); bwrap: a bwrap, a mount and a Python
-    interpreter of its own (~30 ms); auto: the fork server where it serves the sandbox (the host's root, an overlay
-    workspace, no network, no extra mounts) and works on this machine."""
-
-
-class ContainerDeploymentConfig(ImageDeploymentBase):
-    """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).
-
-    The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
-    copy in at start. The defaults are those that work with rootful podman + runc on Debian (see docs/sandboxes.md)."""
-
-    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.container:ContainerSandbox"
-    type: Literal["docker", "podman"] = "podman"
-    repo: str | None = None
-    """A repository to copy into `workdir` at start: a directory, or `bundled:<instance_id>`. None: the image's."""
-    workdir: str = "/testbed"
-    pull: Literal["never", "missing", "always"] = "missing"
-    """never: the image must be present locally; missing: pull when absent; always: pull before every start."""
-    network: str = "none"
-    """`none` (no network), or a network the CLI knows (`bridge`, `host`, a named network)."""
-    mounts: dict[str, str] = Field(default_factory=dict)
-    """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
-    environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
-    cpus: float | None = Field(default=None, gt=0)
-    memory: str | None = "4g"
-    """Memory limit in the CLI's syntax (`512m`, `4g`); None for no limit."""
-    pids_limit: int | None = Field(default=4096, ge=1)
-    ulimits: list[str] = Field(default_factory=lambda: ["nofile=4096:4096", "nproc=4096:4096"])
-    """`--ulimit` values; podman's own defaults fail where root lacks CAP_SYS_RESOURCE, so they are explicit."""
-    runtime: str | None = "runc"
-    """OCI runtime (`--runtime`); None for the engine's default. Debian's podman needs runc (crun fails there)."""
-    init: bool = True
-    """Run an init process as PID 1 (`--init`), which reaps the zombies of killed commands."""
-    cli: str | None = None
-    """Path of the CLI binary; default: `docker` or `podman` from PATH, after `type`."""
-    run_args: list[str] = Field(default_factory=list)
-    """Extra arguments for `run` (before the image), e.g. ["--security-opt", "label=disable"]."""
-    max_starting: int = Field(default=8, ge=1)
-    """Containers of this process that may be starting at once."""
-
-
-class ModalDeploymentConfig(ImageDeploymentBase):
-    """A Modal sandbox (modal SDK, `pip install 'uni-agent[modal]'`), from a registry image."""
-
-    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.modal:ModalSandbox"
-    type: Literal["modal"] = "modal"
-    app_name: str = "uni-agent"
-    """The Modal app the sandboxes belong to (looked up, created if missing)."""
-    environment_name: str | None = None
-    repo: str | None = None
-    """A repository to upload into `workdir` at start (a directory or `bundled:<id>`); None: the image's."""
-    workdir: str = "/testbed"
-    cpu: float | None = Field(default=None, gt=0)
-    memory: int | None = Field(default=None, ge=1)
-    """MiB."""
-    block_network: bool = True
-    """Cut the sandbox off the network (the other backends are offline by default too)."""
-    add_python: str | None = None
-    """Have Modal add a Python of this version to the image (`Image.from_registry(..., add_python=)`)."""
-    max_starting: int = Field(default=32, ge=1)
-    """Sandboxes of this process that may be starting (created, not yet answering) at once."""
-    creates_per_second: float = Field(default=4.0, gt=0)
-    """Sandbox.create calls per second from this process (Modal rate-limits creates per account)."""
-    modal_sandbox_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """More keyword arguments for `modal.Sandbox.create` (e.g. region, gpu, idle_timeout)."""
-
-    @field_validator("modal_sandbox_kwargs")
-    @classmethod
-    def _not_ours(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        owned = {"app", "image", "timeout", "workdir", "cpu", "memory", "block_network", "name", "tags"}
-        clash = sorted(owned & set(kwargs))
-        if clash:
-            raise ValueError(f"{clash} are set by their own deployment fields, not modal_sandbox_kwargs")
-        return kwargs
-
-
-class MemoryDeploymentConfig(DeploymentBase):
-    """Not a sandbox: a stand-in for the data plane in `uni-agent bench --simulate` (uni_agent/sandbox/memory.py).
-    Every command takes `command_s` seconds and returns `output`; nothing runs. For measuring the control plane."""
-
-    sandbox_class: ClassVar[Any] = "uni_agent.sandbox.memory:MemorySandbox"
-    type: Literal["memory"] = "memory"
-    workdir: str = "/testbed"
-    start_s: float = Field(default=0.0, ge=0)
-    """Seconds a start takes."""
-    command_s: float = Field(default=0.05, ge=0)
-    """Seconds every command takes."""
-    output: str = "ok\n"
-    """What every command prints (the patch command prints nothing)."""
-
-
-# deployment `type` → its config class, which names its sandbox class. A backend from outside the package is named by
-# its config class's import path in `type` (it reaches every worker that can import it), or registered here.
-DEPLOYMENTS: Registry[type[DeploymentBase]] = Registry("deployment type", {
-    "local": LocalDeploymentConfig,
-    "docker": ContainerDeploymentConfig,
-    "podman": ContainerDeploymentConfig,
-    "modal": ModalDeploymentConfig,
-    "memory": MemoryDeploymentConfig,
-})
-
-
-def deployment_config(value: dict[str, Any]) -> DeploymentBase:
-    """A deployment mapping validated by the config class its `type` names (`local` when it names none)."""
-    config_class = DEPLOYMENTS.get(value.get("type", "local"))
-    if not (isinstance(config_class, type) and issubclass(config_class, DeploymentBase)):
-        raise ValueError(f"type {value['type']!r} names {config_class!r}, not a subclass of "
-                         "uni_agent.config.DeploymentBase")
-    return config_class.model_validate(value)
-
-
 class EnvConfig(StrictModel):
-    deployment: SerializeAsAny[DeploymentBase] = Field(default_factory=LocalDeploymentConfig)
-    """Where the sandbox lives: `type` picks the backend (DEPLOYMENTS), the other keys are that backend's config."""
+    deployment: SerializeAsAny[DeploymentBase] = Field(default_factory=lambda: deployment_config({}))
+    """Where the sandbox lives: `type` picks the backend (uni_agent.sandbox.registry.DEPLOYMENTS; `local` when left
+    out), the other keys are that backend's config."""
     env_variables: dict[str, str] = Field(default_factory=dict)
     post_setup_cmd: str = ""
     """Run once in the sandbox after it starts (e.g. install a package); a failure fails the rollout."""
@@ -334,7 +163,9 @@ class AgentConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str
-    target: str = Field(default=LOOP_TARGET, alias="_target_")
+    target: str | None = Field(default=None, alias="_target_")
+    """The agent strategy, by import path (`uni_agent.harness.HarnessAgent`, `mypkg.agents:MyAgent`); None: our own
+    loop, which `uni_agent.agent_loop.UniAgentLoop` (the seed's spelling) names too (uni_agent.episode.agent_loop)."""
     concurrency: int = Field(default=64, ge=1)
     """In-flight rollouts for this agent, across all agent workers."""
     log_dir: str | None = None
@@ -350,8 +181,9 @@ class AgentConfig(StrictModel):
 
     @field_validator("target")
     @classmethod
-    def _importable(cls, target: str) -> str:
-        target = TARGET_ALIASES.get(target, target)
+    def _importable(cls, target: str | None) -> str | None:
+        if target is None:
+            return None
         try:
             import_object(target)
         except (ImportError, AttributeError, ValueError) as exc:

@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import LocalDeploymentConfig
 from ..harness.gateway import Gateway, Lease
 from ..llm import ChatClient
-from ..sandbox import make_sandbox
+from ..sandbox.local import LocalDeploymentConfig
 from .measure import cpu_now, load_average, percentile
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
@@ -140,7 +139,7 @@ async def _through_relay(client: ChatClient, calls: int) -> dict[str, Any]:
     try:
         lease = Lease(client, "scripted", max_calls=10 * calls, deadline=None)
         gateway.register(lease)
-        async with make_sandbox(LocalDeploymentConfig(repo=str(repo)), {}, "bench-gateway") as box:
+        async with LocalDeploymentConfig(repo=str(repo)).build({}, "bench-gateway") as box:
             port = await box.session.listen(await gateway.door(lease))  # type: ignore[attr-defined]
             env = _program_env(f"http://127.0.0.1:{port}/v1", lease.token)
             exports = " ".join(f"{k}={json.dumps(v)}" for k, v in env.items())

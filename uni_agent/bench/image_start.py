@@ -52,10 +52,8 @@ def _disk_bytes(box: Any) -> int:
 
 
 async def _measure(config: Any, starts: int, commands: int, live: int) -> dict[str, Any]:
-    from uni_agent.sandbox import make_sandbox
-
     async def start_one(i: int) -> tuple[Any, float]:
-        box = make_sandbox(config, {}, f"imgbench{i}")
+        box = config.build({}, f"imgbench{i}")
         t0 = time.perf_counter()
         await box.start()
         return box, time.perf_counter() - t0
@@ -108,8 +106,9 @@ def _measure_as(user: str, image: str, workspace: str, cache: Path, starts: int,
 
 def compare(image: str, starts: int = 20, commands: int = 300, live: int = 8,
             rootless_user: str | None = None) -> list[str]:
-    from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
+    from uni_agent.sandbox.container import ContainerDeploymentConfig
     from uni_agent.sandbox.image_store import ImageStore
+    from uni_agent.sandbox.local import LocalDeploymentConfig
 
     if rootless_user is not None:
         if os.geteuid() != 0:
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commands", type=int, default=300)
     parser.add_argument("--live", type=int, default=8)
     args = parser.parse_args(argv)
-    from uni_agent.config import LocalDeploymentConfig
+    from uni_agent.sandbox.local import LocalDeploymentConfig
 
     config = LocalDeploymentConfig(image=args.image, repo=f"bundled:{TASK}", workspace=args.workspace)
     print(json.dumps(asyncio.run(_measure(config, args.starts, args.commands, args.live))))

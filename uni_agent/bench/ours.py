@@ -175,8 +175,7 @@ def sandbox_start_alone(samples: int = 20) -> dict[str, float]:
     the same start inside the run, where it queues for CPU behind every other rollout."""
     import asyncio
 
-    from ..config import LocalDeploymentConfig
-    from ..sandbox.local import LocalSandbox
+    from ..sandbox.local import LocalDeploymentConfig, LocalSandbox
     from ..episode.worker import use_pidfd_child_watcher
 
     async def measure() -> list[float]:

@@ -1,6 +1,7 @@
 """The sandbox alone: `true` round trip in a live sandbox, machine CPU per command, memory per live sandbox.
 
-It uses only the public sandbox API (`make_sandbox`, `exec`, `close`), so the same file measures an older checkout:
+It uses only the public sandbox API (a deployment's `build`, `exec`, `close`; an older tree's `make_sandbox` and
+configs in uni_agent.config), so the same file measures an older checkout:
 `uni-agent bench sandbox --baseline REF` runs it once against a git worktree of REF (PYTHONPATH) and once against
 this tree, in one invocation on the same machine, and prints both side by side. Run as a script it prints one JSON
 object: `python -m uni_agent.bench.sandbox_rtt --backend local --commands 500 --sandboxes 32`.
@@ -82,20 +83,31 @@ def own_cgroup_cpu() -> Callable[[], float] | None:
 
 
 def deployment(backend: str, image: str | None) -> Any:
-    from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
+    try:  # each backend's config beside it
+        from uni_agent.sandbox.container import ContainerDeploymentConfig
+        from uni_agent.sandbox.local import LocalDeploymentConfig
+    except ImportError:  # an older tree (--baseline): every config in uni_agent.config
+        from uni_agent.config import ContainerDeploymentConfig, LocalDeploymentConfig
 
     if backend == "local":
         return LocalDeploymentConfig(repo=f"bundled:{TASK}")
     return ContainerDeploymentConfig(type=backend, image=image, pull="never", repo=f"bundled:{TASK}")
 
 
-async def measure(backend: str, image: str | None, commands: int, sandboxes: int, starts: int = 30,
-                  own_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
+def built(config: Any, name: str) -> Any:
+    """The deployment's sandbox, not started: its `build`, or an older tree's make_sandbox."""
+    if hasattr(config, "build"):
+        return config.build({}, name)
     from uni_agent.sandbox import make_sandbox
 
+    return make_sandbox(config, {}, name)
+
+
+async def measure(backend: str, image: str | None, commands: int, sandboxes: int, starts: int = 30,
+                  own_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
     config = deployment(backend, image)
     own = own_cpu or (lambda: float("nan"))
-    box = make_sandbox(config, {}, "rtt")
+    box = built(config, "rtt")
     t0 = time.monotonic()
     await box.start()
     first_start_s = time.monotonic() - t0
@@ -117,7 +129,7 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
     start_walls = []
     cpu0, own0 = machine_cpu_seconds(), own()
     for i in range(starts):
-        one = make_sandbox(config, {}, f"start{i}")
+        one = built(config, f"start{i}")
         t0 = time.monotonic()
         await one.start()
         start_walls.append(time.monotonic() - t0)
@@ -132,7 +144,7 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
     if sandboxes:
         await asyncio.sleep(0.5)
         before = mem_available_bytes()
-        boxes = [make_sandbox(config, {}, f"mem{i}") for i in range(sandboxes)]
+        boxes = [built(config, f"mem{i}") for i in range(sandboxes)]
         try:
             for one in boxes:  # one after another: the figure is memory, not start throughput
                 await one.start()

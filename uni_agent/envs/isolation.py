@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..sandbox.bwrap import host_root_args
-from ..sandbox.local import SETUP_SCRIPT
+from ..sandbox.overlay import SETUP_SCRIPT
 from ..sandbox.userns import user_namespace
 from .index_access import index_access_args
 from .interpreters import Interpreter

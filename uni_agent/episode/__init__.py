@@ -5,7 +5,7 @@
                     classification, masks (run_episode), the same for every agent
     strategy        the agent protocol: what a strategy gets (Episode: sandbox, model, budget) and returns (Ending)
     agent_loop      our own loop, a strategy (the seed's `uni_agent.agent_loop.UniAgentLoop` is an alias);
-                    uni_agent.harness.HarnessAgent is the other
+                    uni_agent.harness.HarnessAgent is the other; strategy_for: the one an agent config names
     conversation    the messages the model sees next turn, and what the row keeps
     trajectory      the rollout's training sequence, from the tokens each model call reported
     rollout         what crosses the actor boundary: RolloutSpec in, RolloutResult (a typed record; row() is its

@@ -22,7 +22,7 @@ from ..registry import import_object
 from .rollout import RolloutSpec
 from ..sandbox import SandboxError
 from ..sandbox.start import start_sandbox, workspace_patch
-from .strategy import Episode
+from .strategy import AgentStrategy, Episode
 from ..tool_calls import (
     ToolCall,
     ToolCallFormatError,
@@ -37,7 +37,8 @@ from .trajectory import TokenLog
 if TYPE_CHECKING:
     from .rollout import RolloutResult
 
-__all__ = ["UniAgentLoop", "first_request", "opening_request", "request_tools", "start_sandbox", "workspace_patch"]
+__all__ = ["UniAgentLoop", "first_request", "opening_request", "request_tools", "start_sandbox", "strategy_for",
+           "workspace_patch"]
 
 
 class UniAgentLoop:
@@ -167,10 +168,29 @@ def request_tools(agent: AgentConfig, conversation: Conversation, schemas: list[
     return tools, response_format
 
 
+def strategy_class(agent: AgentConfig) -> type:
+    """The class the agent config names (`_target_`): this loop when it names none."""
+    return UniAgentLoop if agent.target is None else import_object(agent.target)
+
+
+def strategy_for(agent: AgentConfig) -> AgentStrategy:
+    """A fresh strategy of the class the agent config names (`_target_`, this loop when none), built from the
+    config."""
+    cls = strategy_class(agent)
+    refused = TypeError(f"agent {agent.name!r}: {agent.target} is not an agent strategy (uni_agent.episode.strategy."
+                        "AgentStrategy: grace_s, sandbox_config, time_limit, act, record)")
+    if not all(callable(getattr(cls, method, None)) for method in ("sandbox_config", "time_limit", "act", "record")):
+        raise refused  # before it is built: its constructor may want anything but an agent config
+    strategy = cls(agent)
+    if not isinstance(strategy, AgentStrategy):
+        raise refused
+    return strategy
+
+
 def opening_request(spec: RolloutSpec) -> tuple[list[dict[str, Any]], list[dict] | None] | None:
     """The first model call's messages and tools when this loop runs the rollout; None for an agent that builds its
     own requests (a harness program). What an engine reads once for all its slots (uni_agent.driver.session)."""
-    if not issubclass(import_object(spec.agent.target), UniAgentLoop):
+    if not issubclass(strategy_class(spec.agent), UniAgentLoop):
         return None
     return first_request(spec)
 

@@ -4,8 +4,9 @@ set up, endings that are exceptions, the patch, the close, redaction, classifica
 (envelope.py), the same for every strategy.
 
 Two strategies ship: our own loop (agent_loop.UniAgentLoop) and a program that brings its own loop
-(uni_agent.harness.HarnessAgent). The agent config names its strategy (`_target_`); `strategy_for` builds it from
-that config alone, a fresh one per rollout (a strategy keeps its rollout's conversation or calls).
+(uni_agent.harness.HarnessAgent). The agent config names its strategy (`_target_`, our loop when it names none);
+agent_loop.strategy_for builds it from that config alone, a fresh one per rollout (a strategy keeps its rollout's
+conversation or calls).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..config import AgentConfig, EnvConfig
 from ..llm import ChatReply, TokenContext
-from ..registry import import_object
 from ..sandbox import Sandbox, SandboxError
 
 if TYPE_CHECKING:
@@ -107,16 +107,3 @@ class AgentStrategy(Protocol):
     def record(self, row: RolloutResult) -> None:
         """Its transcript into the row: messages and token columns. Called once on every path, after the sandbox
         closed, before redaction."""
-
-
-def strategy_for(agent: AgentConfig) -> AgentStrategy:
-    """A fresh strategy of the class the agent config names (`_target_`), built from the config."""
-    cls = import_object(agent.target)
-    refused = TypeError(f"agent {agent.name!r}: {agent.target} is not an agent strategy (uni_agent.episode.strategy."
-                        "AgentStrategy: grace_s, sandbox_config, time_limit, act, record)")
-    if not all(callable(getattr(cls, method, None)) for method in ("sandbox_config", "time_limit", "act", "record")):
-        raise refused  # before it is built: its constructor may want anything but an agent config
-    strategy = cls(agent)
-    if not isinstance(strategy, AgentStrategy):
-        raise refused
-    return strategy

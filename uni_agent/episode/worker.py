@@ -25,10 +25,10 @@ from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
 from ..sandbox import Sandbox
+from .agent_loop import strategy_for
 from .envelope import run_episode, sandbox_closer
 from .replica_versions import ReplicaVersions
 from .rollout import Finished, Outcome, Raised, RolloutResult, RolloutSpec
-from .strategy import strategy_for
 
 log = structlog.get_logger("uni_agent.worker")
 CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts and the sandboxes still closing

@@ -1,7 +1,12 @@
-"""What every sandbox backend offers: start, exec with a timeout, file transfer, close.
+"""What every sandbox backend offers: start, exec with a timeout, file transfer, close; and what every backend's
+config has (DeploymentBase), whose `build()` makes the backend's sandbox.
 
 Command failures are observations (an ExecResult with a non-zero exit code); infrastructure failures are
 exceptions (SandboxError). File transfer is built on exec so that a backend only has to implement exec.
+
+Each backend's config class sits beside its backend (LocalDeploymentConfig in local.py, ContainerDeploymentConfig in
+container.py, ModalDeploymentConfig in modal.py, MemoryDeploymentConfig in memory.py); `type` picks it
+(registry.py's DEPLOYMENTS). This module imports no backend: each backend imports it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import base64
 import shlex
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
 
 
 class SandboxError(RuntimeError):
@@ -49,6 +56,39 @@ class Sandbox(Protocol):
     ) -> ExecResult: ...
 
     async def close(self) -> None: ...
+
+
+class DeploymentBase(BaseModel):
+    """What every sandbox backend's config has. A backend's config is a subclass that sets `type` and makes the
+    backend's sandbox in `build`, registered in uni_agent.sandbox.registry.DEPLOYMENTS (or named by its import path in
+    `type`, which then is a plain `str` field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    """The backend: a name in DEPLOYMENTS, or the import path of its config class."""
+    startup_timeout: float = 600
+    """Seconds allowed for the sandbox to start (per attempt)."""
+    runtime_timeout: float = 300
+    """Upper bound on any single command in the sandbox."""
+    deployment_timeout: float = 3600
+    """Lifetime of the sandbox; the rollout is ended when it is reached."""
+    start_retries: int = 3
+    """Attempts at starting a sandbox before the rollout fails (transient errors only)."""
+
+    def build(self, env_variables: dict[str, str], name: str = "") -> Sandbox:
+        """This deployment's sandbox, not started, with these environment variables set in it; `name` goes into the
+        sandbox's own name (its directory, its container)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how its sandbox is made (build)")
+
+
+class ImageDeploymentBase(DeploymentBase):
+    """A deployment whose sandboxes run a container image, through a provider the driver may reach via a proxy."""
+
+    image: str | None = None
+    """Container image (a registry reference, or for `local` also an OCI layout or archive: see image_store.py)."""
+    proxy: str | None = None
+    """Proxy for reaching the image registry or the sandbox provider."""
 
 
 class ClosingContext:

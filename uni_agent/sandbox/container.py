@@ -25,12 +25,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Literal
 
 import structlog
+from pydantic import Field
 
-from ..config import ContainerDeploymentConfig
 from .backend import SessionSandbox, Transport, process_transport
-from .base import SandboxError, SandboxStartError
+from .base import ImageDeploymentBase, SandboxError, SandboxStartError
 from .container_reap import CREATED_LABEL, LABEL, OWNER_LABEL, cli_text, owner_id, remove_containers
 from .limiter import start_limits
 from .repo import prepare_base_repo, resolve_repo
@@ -51,6 +52,44 @@ def sandbox_name(name: str) -> str:
     """`uni-agent-<name>-<8 hex>`, with only the characters container names (and Modal names) allow."""
     cleaned = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-")[:40] or "sbx"
     return f"uni-agent-{cleaned}-{uuid.uuid4().hex[:8]}"
+
+
+class ContainerDeploymentConfig(ImageDeploymentBase):
+    """A long-lived container per sandbox, driven through the docker or podman CLI (`type` picks the CLI).
+
+    The image must hold the task repository at `workdir` (SWE-bench images hold /testbed), or `repo` names one to
+    copy in at start. The defaults are those that work with rootful podman + runc on Debian (see docs/sandboxes.md)."""
+
+    type: Literal["docker", "podman"] = "podman"
+    repo: str | None = None
+    """A repository to copy into `workdir` at start: a directory, or `bundled:<instance_id>`. None: the image's."""
+    workdir: str = "/testbed"
+    pull: Literal["never", "missing", "always"] = "missing"
+    """never: the image must be present locally; missing: pull when absent; always: pull before every start."""
+    network: str = "none"
+    """`none` (no network), or a network the CLI knows (`bridge`, `host`, a named network)."""
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
+    environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
+    cpus: float | None = Field(default=None, gt=0)
+    memory: str | None = "4g"
+    """Memory limit in the CLI's syntax (`512m`, `4g`); None for no limit."""
+    pids_limit: int | None = Field(default=4096, ge=1)
+    ulimits: list[str] = Field(default_factory=lambda: ["nofile=4096:4096", "nproc=4096:4096"])
+    """`--ulimit` values; podman's own defaults fail where root lacks CAP_SYS_RESOURCE, so they are explicit."""
+    runtime: str | None = "runc"
+    """OCI runtime (`--runtime`); None for the engine's default. Debian's podman needs runc (crun fails there)."""
+    init: bool = True
+    """Run an init process as PID 1 (`--init`), which reaps the zombies of killed commands."""
+    cli: str | None = None
+    """Path of the CLI binary; default: `docker` or `podman` from PATH, after `type`."""
+    run_args: list[str] = Field(default_factory=list)
+    """Extra arguments for `run` (before the image), e.g. ["--security-opt", "label=disable"]."""
+    max_starting: int = Field(default=8, ge=1)
+    """Containers of this process that may be starting at once."""
+
+    def build(self, env_variables: dict[str, str], name: str = "") -> ContainerSandbox:
+        return ContainerSandbox(self, env_variables, name=name)
 
 
 # -- the container CLI ------------------------------------------------------------------------------------------------

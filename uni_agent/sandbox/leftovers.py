@@ -1,8 +1,10 @@
 """Sandbox dirs whose owner is gone: found and removed at every sandbox start (a worker killed with -9 cannot clean
-up after itself), and a sandbox dir's own removal, in an order that a kill halfway cannot turn into a leak."""
+up after itself), a sandbox dir's own removal, in an order that a kill halfway cannot turn into a leak, and the
+making of what a teardown must remove, kept through a cancel (to_thread_kept)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -12,6 +14,27 @@ from .process_limit import reap_orphaned_cgroups
 from .userns import remove_tree
 
 OWNER_FILE = "owner.pid"
+
+
+async def to_thread_kept(func, *args):
+    """asyncio.to_thread for a call that makes something the teardown must remove (the sandbox's dir, an image
+    lease): a cancel that arrives while the thread runs waits for it, its result is returned, and the cancel is
+    raised again at the caller's next await. (With to_thread the result was lost and the dir made after the
+    teardown had looked for it: a rollout whose first model call failed left its sandbox dir behind.)"""
+    # A plain future, not a task: a loop's shutdown cancels every task, and this one must not be.
+    work = asyncio.get_running_loop().run_in_executor(None, func, *args)
+    cancelled = False
+    try:
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if work.cancelled():
+                    raise
+                cancelled = True
+    finally:
+        if cancelled and (task := asyncio.current_task()) is not None:
+            task.cancel()
 
 
 def reap_orphaned_sandboxes(root: Path) -> list[Path]:

@@ -28,53 +28,31 @@ import contextlib
 import os
 import shutil
 import uuid
-import weakref
 from pathlib import Path
+from typing import Literal
 
-import structlog
+from pydantic import Field
 
-from ..config import LocalDeploymentConfig
 from .backend import SessionSandbox, Transport, pipe_transport, process_transport
-from .base import ExecResult, SandboxError, SandboxStartError
+from .base import DeploymentBase, ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv, host_env
 from .image_store import ImageLease, ImageRootfs, ImageStore
-from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir
+from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir, to_thread_kept
 from .fork_server import (ForkServer, ForkServerClosed, ForkServerKey, fork_server_failure, fork_server_for,
                           fork_server_stderr, running_fork_server)
+from .overlay import SETUP_SCRIPT, overlay_wanted
 from .private_dir import make_private_subdir, sandbox_root
 from .process_limit import ProcessLimit
 from .repo import BUNDLED_TASKS_DIR, prepare_base_repo, resolve_repo
 from .supervisor import CAPTURE_LIMIT_BYTES
 from .userns import NO_SUBORDINATE_IDS, UserNamespace, user_namespace
 
-__all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalSandbox", "reap_orphaned_sandboxes", "sandbox_root"]
-
-log = structlog.get_logger("uni_agent.sandbox")
+__all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalDeploymentConfig", "LocalSandbox",
+           "reap_orphaned_sandboxes", "sandbox_root"]
 
 STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
 FORK_SERVER_KILL_WAIT_S = 10.0  # how long a killed sandbox of the fork server may take to be gone
-
-
-async def to_thread_kept(func, *args):
-    """asyncio.to_thread for a call that makes something the teardown must remove (the sandbox's dir, an image
-    lease): a cancel that arrives while the thread runs waits for it, its result is returned, and the cancel is
-    raised again at the caller's next await. (With to_thread the result was lost and the dir made after the
-    teardown had looked for it: a rollout whose first model call failed left its sandbox dir behind.)"""
-    # A plain future, not a task: a loop's shutdown cancels every task, and this one must not be.
-    work = asyncio.get_running_loop().run_in_executor(None, func, *args)
-    cancelled = False
-    try:
-        while True:
-            try:
-                return await asyncio.shield(work)
-            except asyncio.CancelledError:
-                if work.cancelled():
-                    raise
-                cancelled = True
-    finally:
-        if cancelled and (task := asyncio.current_task()) is not None:
-            task.cancel()
 
 
 def image_store() -> ImageStore:
@@ -86,6 +64,46 @@ def image_store() -> ImageStore:
 
 
 _image_stores: dict[str, ImageStore] = {}
+
+
+class LocalDeploymentConfig(DeploymentBase):
+    """A bubblewrap sandbox on this machine. Its root is the host's filesystem, read-only, or with `image` the image's
+    root filesystem, copy-on-write; the task repo (`repo`, if given) is mounted copy-on-write at `workdir`."""
+
+    type: Literal["local"] = "local"
+    image: str | None = None
+    """A container image to run in, unpacked once per node (no container runtime needed): a registry reference
+    (fetched with skopeo, or from a local podman), `oci:DIR[:TAG]`, `oci-archive:FILE` or `docker-archive:FILE`.
+    Its Env, WorkingDir and User apply. None: the host's own /usr, read-only."""
+    repo: str | None = None
+    """The task repository: a directory, or `bundled:<instance_id>` for a bundled task. Optional with `image`
+    (the image's own `workdir` then, e.g. SWE-bench's /testbed)."""
+    workdir: str = "/testbed"
+    network: bool = False
+    workspace: Literal["auto", "overlay", "copy"] = "auto"
+    """overlay: copy-on-write through overlayfs (as root, or without root in a user namespace of the sandbox's own);
+    copy: a full copy at every start; auto: overlay where the kernel allows one (else a copy, said once in the log)."""
+    max_memory_mb: int | None = 4096
+    """RLIMIT_AS per process inside the sandbox, in MiB; None for no limit."""
+    pids_limit: int | None = Field(default=1024, ge=16)
+    """Processes (and threads) the whole sandbox may run at once, so a fork bomb stays inside it: a pids cgroup per
+    sandbox where one is writable (root), else `ulimit -u` (binds non-root workers only); None for no limit."""
+    mounts: dict[str, str] = Field(default_factory=dict)
+    """Host directories bound read-only into the sandbox, {path inside: directory on the host}: a program's prepared
+    environment (uni_agent.harness; `harness.mounts` adds to these). Choose paths outside /usr (e.g. /opt/NAME)."""
+    cpu_nice: int = Field(default=0, ge=0, le=19)
+    """How far below the worker the sandbox's processes run for the CPU, as `nice` counts (0: level with it, 19:
+    last): a polite setting for a node shared with others. Not a speed-up: at 10 the rollouts ran no faster, and on
+    16 cores slower, their sandbox starts and commands waiting longer (docs/benchmarks.md, "Sandbox sessions and CPU
+    priority")."""
+    launcher: Literal["auto", "fork_server", "bwrap"] = "auto"
+    """How a sandbox is started. fork_server: forked by the worker's fork server, a process that pays for bwrap and
+    the interpreter once (one per worker process; ~3 ms of CPU a start); bwrap: a bwrap, a mount and a Python
+    interpreter of its own (~30 ms); auto: the fork server where it serves the sandbox (the host's root, an overlay
+    workspace, no network, no extra mounts) and works on this machine."""
+
+    def build(self, env_variables: dict[str, str], name: str = "") -> LocalSandbox:
+        return LocalSandbox(self, env_variables, name=name)
 
 
 class LocalSandbox(SessionSandbox):
@@ -125,7 +143,7 @@ class LocalSandbox(SessionSandbox):
             make_private_subdir, root, self.name, ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST,
                                                    *image_dirs), {OWNER_FILE: str(os.getpid())})
         self.process_limit.create()
-        self.use_overlay = await self._overlay_wanted()
+        self.use_overlay = await overlay_wanted(self.config.workspace, self._userns, root)
         if not self.use_overlay:
             await self._copy_workspace()
         if self._lease is not None and not os.path.lexists(self._lease.image.rootfs / "run"):
@@ -251,50 +269,6 @@ class LocalSandbox(SessionSandbox):
             layers.append((self._base, d / "upper", d / "work", d / "merged"))
         return layers
 
-    async def _overlay_wanted(self) -> bool:
-        possible = os.geteuid() == 0 or self._userns is not None
-        wanted = self.config.workspace == "overlay" or (self.config.workspace == "auto" and possible)
-        if wanted and not _overlay_works:  # probed until it first works, then known for the process
-            if await self._probe_overlay_once():
-                _overlay_works.append(True)
-            elif self.config.workspace == "overlay":
-                raise SandboxError("overlayfs workspace requested but it cannot be mounted here: it needs root, or "
-                                   "Linux 5.11 or later with unprivileged user namespaces allowed")
-            else:
-                wanted = False
-        if not wanted and self.config.workspace == "auto" and not _copy_said:
-            _copy_said.append(True)
-            log.warning("sandbox_workspace_copied", detail="overlayfs cannot be mounted here (not as root, nor in a "
-                        "user namespace): every local sandbox copies its repo and image root, seconds and the "
-                        "image's size on disk per start")
-        return wanted
-
-    async def _probe_overlay_once(self) -> bool:
-        """The probe's answer, one probe at a time per event loop: a wave's sandboxes all start at once, and each
-        probe is a process chain (128 of them at a worker's first wave, before this)."""
-        loop = asyncio.get_running_loop()
-        probing = _overlay_probes.get(loop)
-        if probing is None or (probing.done() and not probing.result()):
-            probing = _overlay_probes[loop] = loop.create_task(self._probe_overlay())
-        return await asyncio.shield(probing)
-
-    async def _probe_overlay(self) -> bool:
-        """Mount an overlay of scratch dirs of the probe's own (not this sandbox's: the probe is shared, and outlives
-        a start that is cancelled meanwhile) in the namespaces a sandbox's chain enters."""
-        assert self.dir is not None
-        scratch = await to_thread_kept(make_private_subdir, self.dir.parent, f"overlay-probe-{uuid.uuid4().hex[:8]}",
-                                       ("lower", "upper", "work", "merged"), {OWNER_FILE: str(os.getpid())})
-        try:
-            namespaces = (self._userns.argv(mount=True) if self._userns is not None
-                          else ["unshare", "--mount", "--propagation", "private", "--"])
-            proc = await asyncio.create_subprocess_exec(
-                *namespaces, "sh", "-c", SETUP_SCRIPT, "sh", "", "--",
-                *(str(scratch / sub) for sub in ("lower", "upper", "work", "merged")), "--", "true",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-            return await proc.wait() == 0
-        finally:
-            await asyncio.to_thread(remove_sandbox_dir, scratch)
-
     async def _spawn(self, argv: list[str]) -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -377,15 +351,3 @@ class LocalSandbox(SessionSandbox):
             limits.append(f"ulimit -v {self.config.max_memory_mb * 1024} 2>/dev/null;")
         return bwrap_argv(mounts, self.workdir, self.state_dir, image, network=self.config.network,
                           shell_limits=" ".join(limits), read_only=self.config.mounts)
-
-
-# Run by `sh` in the sandbox's namespaces before bwrap. Its arguments: OWNER (uid:gid, or empty) and the dirs to
-# give to it, `--`, then lower, upper, work dir and mount point of each copy-on-write tree, `--`, then bwrap's argv.
-SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1" || exit 1; shift; done; shift; '
-                'while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
-                '|| exit 1; shift 4; done; shift; exec "$@"')
-
-_overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
-# The overlay probe in flight (or its answer) per event loop: tasks cannot be shared across loops (tests run many)
-_overlay_probes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[bool]] = weakref.WeakKeyDictionary()
-_copy_said: list[bool] = []  # [True] once the fallback to copies was logged

@@ -9,10 +9,29 @@ Use it only to find out what the scheduler, driver, event stream and writer do w
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
-from ..config import MemoryDeploymentConfig
-from .base import ClosingContext, ExecResult, SandboxError
+from pydantic import Field
+
+from .base import ClosingContext, DeploymentBase, ExecResult, SandboxError
 from .start import PATCH_COMMAND  # answered with an empty diff
+
+
+class MemoryDeploymentConfig(DeploymentBase):
+    """Not a sandbox: a stand-in for the data plane in `uni-agent bench --simulate` (this module). Every command
+    takes `command_s` seconds and returns `output`; nothing runs. For measuring the control plane."""
+
+    type: Literal["memory"] = "memory"
+    workdir: str = "/testbed"
+    start_s: float = Field(default=0.0, ge=0)
+    """Seconds a start takes."""
+    command_s: float = Field(default=0.05, ge=0)
+    """Seconds every command takes."""
+    output: str = "ok\n"
+    """What every command prints (the patch command prints nothing)."""
+
+    def build(self, env_variables: dict[str, str], name: str = "") -> MemorySandbox:
+        return MemorySandbox(self, env_variables, name=name)
 
 
 class MemorySandbox(ClosingContext):

@@ -26,14 +26,14 @@ import math
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 import structlog
+from pydantic import Field, field_validator
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from ..config import ModalDeploymentConfig
 from .backend import SessionSandbox, Transport
-from .base import SandboxError, SandboxStartError
+from .base import ImageDeploymentBase, SandboxError, SandboxStartError
 from .container import LABEL, lifetime_s, sandbox_name
 from .limiter import start_limits
 from .repo import archive_tree, prepare_base_repo, resolve_repo
@@ -106,6 +106,43 @@ async def lookup_app(modal: Any, name: str, environment_name: str | None) -> Any
     with _apps_lock:
         _apps.setdefault(key, app)
     return app
+
+
+class ModalDeploymentConfig(ImageDeploymentBase):
+    """A Modal sandbox (modal SDK, `pip install 'uni-agent[modal]'`), from a registry image."""
+
+    type: Literal["modal"] = "modal"
+    app_name: str = "uni-agent"
+    """The Modal app the sandboxes belong to (looked up, created if missing)."""
+    environment_name: str | None = None
+    repo: str | None = None
+    """A repository to upload into `workdir` at start (a directory or `bundled:<id>`); None: the image's."""
+    workdir: str = "/testbed"
+    cpu: float | None = Field(default=None, gt=0)
+    memory: int | None = Field(default=None, ge=1)
+    """MiB."""
+    block_network: bool = True
+    """Cut the sandbox off the network (the other backends are offline by default too)."""
+    add_python: str | None = None
+    """Have Modal add a Python of this version to the image (`Image.from_registry(..., add_python=)`)."""
+    max_starting: int = Field(default=32, ge=1)
+    """Sandboxes of this process that may be starting (created, not yet answering) at once."""
+    creates_per_second: float = Field(default=4.0, gt=0)
+    """Sandbox.create calls per second from this process (Modal rate-limits creates per account)."""
+    modal_sandbox_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """More keyword arguments for `modal.Sandbox.create` (e.g. region, gpu, idle_timeout)."""
+
+    @field_validator("modal_sandbox_kwargs")
+    @classmethod
+    def _not_ours(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        owned = {"app", "image", "timeout", "workdir", "cpu", "memory", "block_network", "name", "tags"}
+        clash = sorted(owned & set(kwargs))
+        if clash:
+            raise ValueError(f"{clash} are set by their own deployment fields, not modal_sandbox_kwargs")
+        return kwargs
+
+    def build(self, env_variables: dict[str, str], name: str = "") -> ModalSandbox:
+        return ModalSandbox(self, env_variables, name=name)
 
 
 class ModalSandbox(SessionSandbox):

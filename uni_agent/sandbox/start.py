@@ -6,21 +6,42 @@ Both are used by the agent loop and by grading; they live here so that grading d
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 from tenacity.wait import wait_base
 
-from ..config import AgentConfig
-from . import make_sandbox
-from .base import Sandbox, SandboxError, SandboxStartError
+from .base import DeploymentBase, Sandbox, SandboxError, SandboxStartError
 
 START_RETRY_WAIT = wait_exponential_jitter(multiplier=0.5, max=10)
 
 
-async def start_sandbox(agent: AgentConfig, name: str, *, make: Callable[..., Sandbox] = make_sandbox,
+class SandboxEnv(Protocol):
+    """What a sandbox is made from: an agent config's `env` (uni_agent.config.EnvConfig)."""
+
+    @property
+    def deployment(self) -> DeploymentBase: ...
+
+    @property
+    def env_variables(self) -> dict[str, str]: ...
+
+
+class HasSandboxEnv(Protocol):
+    """What start_sandbox reads of an agent config (uni_agent.config.AgentConfig): its `env`."""
+
+    @property
+    def env(self) -> SandboxEnv: ...
+
+
+def build(deployment: DeploymentBase, env_variables: dict[str, str], name: str = "") -> Sandbox:
+    return deployment.build(env_variables, name=name)
+
+
+async def start_sandbox(agent: HasSandboxEnv, name: str, *, make: Callable[..., Sandbox] = build,
                         wait: wait_base = START_RETRY_WAIT) -> Sandbox:
     """Start a sandbox, retrying transient start failures; a half-started sandbox is always closed. `make` builds
-    the sandbox from (deployment, env_variables, name=...) and `wait` spaces the retries (tests pass their own)."""
+    the sandbox from (deployment, env_variables, name=...) (by default the deployment's own `build`) and `wait`
+    spaces the retries (tests pass their own)."""
     deployment = agent.env.deployment
     retrying = AsyncRetrying(
         retry=retry_if_exception_type((SandboxStartError, OSError)),
