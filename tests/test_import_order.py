@@ -147,27 +147,27 @@ def test_the_check_sees_string_paths_and_package_circles(tmp_path: Path) -> None
 # package belongs to one (test_every_module_has_a_layer); a name covers the module or package it names and everything
 # under it, and the longest name that matches decides (`uni_agent.tools.registry` is config, the other tools are not).
 # The registries of names and the tool-call formats (pure text parsing) sit with config, which validates names against
-# them. The process boundaries show in the order: engines serve the episode over HTTP, the episode runs in an agent
-# worker, the driver runs the episodes; the test kit (uni_agent.testing) sits at the top, so no production module
-# imports a fake.
+# them, and so does the base of the deployment configs (sandbox.base, beside the sandbox protocol). The process
+# boundaries show in the order: engines serve the episode over HTTP, the episode runs in an agent worker, the driver
+# runs the episodes; the test kit (uni_agent.testing) sits at the top, so no production module imports a fake.
 ROOT = "uni_agent"
 LAYERS = [
     ("foundation", ["uni_agent.registry", "uni_agent.redact", "uni_agent.logs", "uni_agent.current_worker",
                     "uni_agent.events"]),
     ("config", ["uni_agent.config", "uni_agent.settings", "uni_agent.tool_calls", "uni_agent.tools.registry",
-                "uni_agent.engines.registry"]),
+                "uni_agent.engines.registry", "uni_agent.sandbox.base", "uni_agent.sandbox.registry"]),
     ("sandbox", ["uni_agent.sandbox", "uni_agent.private_dirs", "uni_agent.cache_maintenance"]),
     ("tools", ["uni_agent.tools"]),
     ("llm", ["uni_agent.llm"]),
-    ("tasks and grading", ["uni_agent.grading", "uni_agent.swebench", "uni_agent.tasks", "uni_agent.terminal_bench",
-                           "uni_agent.envs"]),
+    ("tasks and grading", ["uni_agent.verification", "uni_agent.grading", "uni_agent.swebench", "uni_agent.tasks",
+                           "uni_agent.terminal_bench", "uni_agent.envs"]),
     ("engines", ["uni_agent.engines"]),
     ("episode", ["uni_agent.episode", "uni_agent.agent_loop", "uni_agent.harness"]),
     ("dashboard", ["uni_agent.dashboard"]),
     ("driver", ["uni_agent.driver", "uni_agent.online", "uni_agent.training"]),
     ("entry points", [ROOT, "uni_agent.cli", "uni_agent.settings_reference", "uni_agent.scheduler_preload",
                       "uni_agent.worker_preload",
-                      "uni_agent.reports", "uni_agent.bench", "uni_agent.swebench.predictions", "uni_agent.testing"]),
+                      "uni_agent.reports", "uni_agent.bench", "uni_agent.testing"]),
 ]
 
 

@@ -262,32 +262,34 @@ def test_a_registered_engine_passes_the_check_and_is_started_by_name():
 
 
 def test_every_deployment_type_names_a_sandbox_backend_and_a_new_one_is_one_registration() -> None:
-    """A deployment `type` picks a config class in DEPLOYMENTS, whose sandbox_class make_sandbox makes: a new backend
-    is one config class registered (no union or chain to extend)."""
-    from uni_agent.config import DEPLOYMENTS, DeploymentBase, EnvConfig, MemoryDeploymentConfig
-    from uni_agent.registry import import_object
-    from uni_agent.sandbox import make_sandbox
-    from uni_agent.sandbox.memory import MemorySandbox
+    """A deployment `type` picks a config class in DEPLOYMENTS, whose build() makes its backend's sandbox: a new
+    backend is one config class registered (no union or chain to extend)."""
+    from uni_agent.config import EnvConfig
+    from uni_agent.sandbox import DeploymentBase, Sandbox
+    from uni_agent.sandbox.memory import MemoryDeploymentConfig, MemorySandbox
+    from uni_agent.sandbox.registry import DEPLOYMENTS
 
     assert DEPLOYMENTS.names() == ["local", "docker", "podman", "modal", "memory"]
     for name in DEPLOYMENTS:
         config_class = DEPLOYMENTS.get(name)
         assert issubclass(config_class, DeploymentBase) and config_class.model_config["extra"] == "forbid"
-        sandbox_class = import_object(config_class.sandbox_class)
-        assert all(callable(getattr(sandbox_class, m, None)) for m in ("start", "exec", "close")), sandbox_class
-    assert isinstance(make_sandbox(MemoryDeploymentConfig(), {}, "m"), MemorySandbox)
+        assert config_class.build is not DeploymentBase.build, config_class
+    assert isinstance(MemoryDeploymentConfig().build({}, "m"), MemorySandbox)
+    assert isinstance(MemoryDeploymentConfig().build({}, "m"), Sandbox)
 
     class Recorded(MemorySandbox):
         pass
 
     class RecordedConfig(MemoryDeploymentConfig):
-        sandbox_class = Recorded
         type: str = "recorded"
+
+        def build(self, env_variables: dict[str, str], name: str = "") -> Recorded:
+            return Recorded(self, env_variables, name=name)
 
     DEPLOYMENTS.register("recorded", RecordedConfig)
     try:
         deployment = EnvConfig.model_validate({"deployment": {"type": "recorded", "command_s": 0}}).deployment
-        assert type(deployment) is RecordedConfig and type(make_sandbox(deployment, {}, "m")) is Recorded
+        assert type(deployment) is RecordedConfig and type(deployment.build({}, "m")) is Recorded
     finally:
         DEPLOYMENTS.unregister("recorded")
     with pytest.raises(UnknownName, match=r"unknown deployment type 'vefaas'; known deployment types: local, "):

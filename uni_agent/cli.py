@@ -29,7 +29,7 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
 
 
 def _engine(name: str) -> str:
-    """A registered engine, or a start function's import path (imported when the settings load)."""
+    """A registered engine, or a start function's import path (imported when the run starts: engines.check_engine)."""
     if name in ENGINES or is_import_path(name):
         return name
     known = ", ".join(repr(n) for n in ENGINES.names())
