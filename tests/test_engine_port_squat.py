@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from unprivileged import ensure_users, popen_as, shared_dir
+from unprivileged import ensure_users, kill_processes_of, popen_as, shared_dir
 from uni_agent.engines.server import ServerActor
 
 STRANGER_SERVER = """
@@ -65,7 +65,8 @@ def test_a_port_taken_by_another_user_gets_no_request_of_the_run(tmp_path):
         with pytest.raises(RuntimeError, match=f"port {port} is held by another user \\(uid {stranger.uid}\\)"):
             asyncio.run(actor.start(timeout=10))
     finally:
-        squatter.kill()
+        squatter.kill()  # the wrapper that switched users; the squatter itself is the stranger's process
         squatter.wait()
+        kill_processes_of(stranger)
     requests = [json.loads(line) for line in seen.read_text().splitlines()]
     assert not any("the-runs-secret-key" in (r["auth"] or "") for r in requests), requests
