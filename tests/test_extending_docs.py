@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from uni_agent.grading import grader_for, register_grader
-from uni_agent.grading.registry import GRADERS
+from uni_agent.grading.grader_names import GRADERS
 from uni_agent.tasks.swe_form import convert
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "extending.md"

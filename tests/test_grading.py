@@ -16,14 +16,14 @@ from uni_agent.config import AgentConfigs, ConfigError
 from uni_agent.grading import (
     Verification, check_reward_config, grade_in_sandbox, grader_for, known_graders, register_grader, verify_patch,
     verify_reference)
-from uni_agent.grading import registry
+from uni_agent.grading import grader_names
 from uni_agent.grading.swe_local import SweLocalGrader
 
 
 @pytest.fixture
 def own_registry(monkeypatch):
     """Graders registered in a test stay in that test."""
-    monkeypatch.setattr(registry.GRADERS, "_entries", dict(registry.GRADERS._entries))
+    monkeypatch.setattr(grader_names.GRADERS, "_entries", dict(grader_names.GRADERS._entries))
 
 
 def _agent(reward: dict[str, Any], row: dict):
@@ -161,7 +161,7 @@ def test_validating_rows_loads_no_agent_runtime():
 
     code = "import sys, uni_agent.driver.dataset; print(' '.join(m for m in sys.modules if m.startswith('uni_agent')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "uni_agent.grading.registry" in loaded
+    assert "uni_agent.grading.grader_names" in loaded
     runtime = ("uni_agent.episode.agent_loop", "uni_agent.episode.conversation", "uni_agent.episode.worker",
                "uni_agent.llm", "uni_agent.driver.run", "uni_agent.driver.dispatch", "uni_agent.driver.pool",
                "uni_agent.driver.cluster")

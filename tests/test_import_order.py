@@ -145,7 +145,7 @@ def test_the_check_sees_string_paths_and_package_circles(tmp_path: Path) -> None
 
 # The layers, lowest first: a module may import its own layer and those below, never one above. Every module of the
 # package belongs to one (test_every_module_has_a_layer); a name covers the module or package it names and everything
-# under it, and the longest name that matches decides (`uni_agent.tools.registry` is config, the other tools are not).
+# under it, and the longest name that matches decides (`uni_agent.tools.tool_names` is config, the other tools are not).
 # The registries of names and the tool-call formats (pure text parsing) sit with config, which validates names against
 # them, and so does the base of the deployment configs (sandbox.base, beside the sandbox protocol). The process
 # boundaries show in the order: engines serve the episode over HTTP, the episode runs in an agent worker, the driver
@@ -154,8 +154,8 @@ ROOT = "uni_agent"
 LAYERS = [
     ("foundation", ["uni_agent.registry", "uni_agent.redact", "uni_agent.logs", "uni_agent.current_worker",
                     "uni_agent.events"]),
-    ("config", ["uni_agent.config", "uni_agent.settings", "uni_agent.tool_calls", "uni_agent.tools.registry",
-                "uni_agent.engines.registry", "uni_agent.sandbox.base", "uni_agent.sandbox.registry"]),
+    ("config", ["uni_agent.config", "uni_agent.settings", "uni_agent.tool_calls", "uni_agent.tools.tool_names",
+                "uni_agent.engines.engine_names", "uni_agent.sandbox.base", "uni_agent.sandbox.deployment_types"]),
     ("sandbox", ["uni_agent.sandbox", "uni_agent.private_dirs", "uni_agent.cache_maintenance"]),
     ("tools", ["uni_agent.tools"]),
     ("llm", ["uni_agent.llm"]),

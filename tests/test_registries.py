@@ -15,7 +15,7 @@ import yaml
 from uni_agent.cli import build_parser, main
 from uni_agent.config import AgentConfigs, ConfigError, validate_agent
 from uni_agent.engines import Engines, check_engine, start_engines
-from uni_agent.engines.registry import ENGINES
+from uni_agent.engines.engine_names import ENGINES
 from uni_agent.registry import Registry, UnknownName
 from uni_agent.settings import RunSettings, load_settings
 from uni_agent.tool_calls import (
@@ -31,7 +31,7 @@ from uni_agent.tool_calls.prompt import tools_section
 from uni_agent.tool_calls.schemas import example_call
 from uni_agent.tool_calls.text_format import finish_reply
 from uni_agent.tools.base import ToolReply
-from uni_agent.tools.registry import TOOLS
+from uni_agent.tools.tool_names import TOOLS
 from uni_agent.tools.toolbox import Toolbox, tool_schemas
 
 TOOLS_SCHEMAS = tool_schemas(["execute_bash", "submit"])
@@ -267,7 +267,7 @@ def test_every_deployment_type_names_a_sandbox_backend_and_a_new_one_is_one_regi
     from uni_agent.config import EnvConfig
     from uni_agent.sandbox import DeploymentBase, Sandbox
     from uni_agent.sandbox.memory import MemoryDeploymentConfig, MemorySandbox
-    from uni_agent.sandbox.registry import DEPLOYMENTS
+    from uni_agent.sandbox.deployment_types import DEPLOYMENTS
 
     assert DEPLOYMENTS.names() == ["local", "docker", "podman", "modal", "memory"]
     for name in DEPLOYMENTS:

@@ -12,7 +12,7 @@ from typing import Any
 from .config import ConfigError
 from .driver.interrupt import RunInterrupted
 from .sandbox.private_dir import UnsafeDirectory
-from .engines.registry import ENGINES
+from .engines.engine_names import ENGINES
 from .registry import is_import_path
 
 # Flags of both `run` and `verify`: which rows, which cluster, where results go.

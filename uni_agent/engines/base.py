@@ -72,7 +72,7 @@ def new_api_key() -> str:
 
 
 class StartEngines(Protocol):
-    """What registry.ENGINES holds: start the engine's servers (or check an external endpoint) for this run, on the
+    """What engine_names.ENGINES holds: start the engine's servers (or check an external endpoint) for this run, on the
     Dask cluster of `client`, server logs under `log_dir`."""
 
     async def __call__(self, client: Any, settings: RunSettings, log_dir: str) -> Engines: ...

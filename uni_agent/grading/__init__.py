@@ -1,4 +1,4 @@
-"""Grading: what a reward type is (grader.py), the graders by name (registry.py), and verification as coroutines
+"""Grading: what a reward type is (grader.py), the graders by name (grader_names.py), and verification as coroutines
 on the worker's event loop (verify.py).
 
 Grading sits below the episode in the import layers (tests/test_import_order.py). Grading in the agent's own
@@ -18,7 +18,7 @@ Graders (the row's `reward.name`):
 
 from ..verification import Verification
 from .grader import Grader
-from .registry import GRADERS, check_reward_config, grader_for, known_graders, register_grader
+from .grader_names import GRADERS, check_reward_config, grader_for, known_graders, register_grader
 from .verify import ReferenceKind, grade_in_sandbox, verify_patch, verify_reference
 
 __all__ = ["GRADERS", "Grader", "ReferenceKind", "Verification", "check_reward_config", "grade_in_sandbox",

@@ -1,4 +1,4 @@
-"""What a grader is: the protocol every reward type (`reward.name`) implements, found by name in registry.py.
+"""What a grader is: the protocol every reward type (`reward.name`) implements, found by name in grader_names.py.
 
 A grader says which `reward.metadata` keys a row needs (checked before anything runs), how long grading may take,
 and grades an answer in a running sandbox. `grade` fills the Verification it is handed rather than returning a new

@@ -4,7 +4,7 @@ reward.in_agent_sandbox).
 
 They are coroutines: the driver submits them to Dask, and distributed runs a coroutine function on the worker's event
 loop, next to the agent loops (no thread, no second event loop). The row's `reward.name` picks the grader
-(registry.py); its time limit bounds the grading, and every failure becomes the Verification's status and error.
+(grader_names.py); its time limit bounds the grading, and every failure becomes the Verification's status and error.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..sandbox.start import start_sandbox
 from ..verification import Verification, VerificationStatus
-from .registry import grader_for
+from .grader_names import grader_for
 
 if TYPE_CHECKING:
     from ..config import AgentConfig

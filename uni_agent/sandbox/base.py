@@ -6,7 +6,7 @@ exceptions (SandboxError). File transfer is built on exec so that a backend only
 
 Each backend's config class sits beside its backend (LocalDeploymentConfig in local.py, ContainerDeploymentConfig in
 container.py, ModalDeploymentConfig in modal.py, MemoryDeploymentConfig in memory.py); `type` picks it
-(registry.py's DEPLOYMENTS). This module imports no backend: each backend imports it.
+(deployment_types.py's DEPLOYMENTS). This module imports no backend: each backend imports it.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class Sandbox(Protocol):
 
 class DeploymentBase(BaseModel):
     """What every sandbox backend's config has. A backend's config is a subclass that sets `type` and makes the
-    backend's sandbox in `build`, registered in uni_agent.sandbox.registry.DEPLOYMENTS (or named by its import path in
-    `type`, which then is a plain `str` field)."""
+    backend's sandbox in `build`, registered in uni_agent.sandbox.deployment_types.DEPLOYMENTS (or named by its import
+    path in `type`, which then is a plain `str` field)."""
 
     model_config = ConfigDict(extra="forbid")
 

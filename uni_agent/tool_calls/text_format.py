@@ -3,7 +3,7 @@
 A text format is how a model writes tool calls in plain text, for servers that do not parse calls themselves: it
 describes the tools and how to call them in the system prompt, reads a reply into validated calls (or raises a
 ToolCallFormatError that tells the model how to write the call instead), and may give a JSON schema that constrains
-decoding to well-formed calls. Formats are found by name in uni_agent.tool_calls.registry.
+decoding to well-formed calls. Formats are found by name in uni_agent.tool_calls.format_names.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class Tool(Protocol):
 
 
 class ToolClass(Protocol):
-    """What uni_agent.tools.registry holds."""
+    """What uni_agent.tools.tool_names holds."""
 
     SCHEMA: ClassVar[dict]  # OpenAI function form: {"type": "function", "function": {"name", "description", ...}}
 

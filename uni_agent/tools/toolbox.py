@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..sandbox import Sandbox
 from ..tool_calls import ToolCall
 from .base import Status, Tool, ToolClass, ToolLimits
-from .registry import TOOLS
+from .tool_names import TOOLS
 
 
 def tool_class(name: str) -> ToolClass:
