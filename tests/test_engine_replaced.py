@@ -161,8 +161,10 @@ def test_with_no_restart_budget_the_lost_engine_ends_the_run_naming_it(tmp_path,
     try:
         with pytest.raises(EngineFailed, match=r"is down for good: its worker left and it was placed again 0 times"
                                                r".*engine_max_restarts=0") as failed:
+            # engine_down_wait bounds the run should the watch miss the loss (seen once on a 2-core machine under
+            # triple load: the suite's 600 s timeout then killed every test): a failure here, not a hang
             run(None, AGENT_CONFIG, client=client, n=2, max_samples=3, max_turns=4, max_tokens=64,
-                output_dir=str(out), progress=False, engine_max_restarts=0)
+                output_dir=str(out), progress=False, engine_max_restarts=0, engine_down_wait=120)
     finally:
         killer.stop.set()
     assert killer.killed is not None and killer.killed[1] in str(failed.value)
