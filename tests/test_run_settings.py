@@ -156,3 +156,24 @@ def test_old_setting_names_are_unknown_settings(settings_env: Path, monkeypatch:
     settings_env.write_text("num_workers: 7\n")
     with pytest.raises(ConfigError, match=f"^{settings_env}: num_workers: unknown setting"):
         load_settings()
+
+
+def test_eval_timeout_flag_bounds_every_rows_grading_over_the_rows_own(tmp_path):
+    """`uni-agent verify --eval-timeout 1800` (SWE-bench's official limit) reaches every row's agent, over a value
+    the row's tools_kwargs set; without it each row keeps its own."""
+    import pyarrow.parquet as pq
+
+    from uni_agent.cli import build_parser, settings_from
+    from uni_agent.driver.inputs import load_inputs
+    from uni_agent.tasks.swe_form import convert
+
+    convert(None, tmp_path / "rows.parquet")
+    rows = pq.read_table(tmp_path / "rows.parquet").to_pylist()[:2]
+    rows[0]["extra_info"]["tools_kwargs"].setdefault("reward", {})["eval_timeout"] = 7
+    args = build_parser().parse_args(["verify", "--eval-timeout", "1800", "--output-dir", str(tmp_path / "v")])
+    settings = settings_from(args)
+    assert settings.eval_timeout == 1800
+    given = load_inputs(rows, None, settings, tmp_path / "v", run_id="t", n=1, purpose="verify")
+    assert [s.agent.reward.eval_timeout for s in given.specs] == [1800, 1800]
+    own = load_inputs(rows, None, load_settings(), tmp_path / "w", run_id="t", n=1, purpose="verify")
+    assert own.specs[0].agent.reward.eval_timeout == 7 and own.specs[1].agent.reward.eval_timeout != 1800

@@ -25,6 +25,8 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
                          "help": "worker processes of the LocalCluster started when no scheduler is given; 0 "
                                  "(default): one per 2 usable CPUs, 2 to 16"}),
     ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
+    ("--eval-timeout", {"type": float, "help": "seconds a grading may take, for every row (default: each row's "
+                                               "reward.eval_timeout; SWE-bench's official limit is 1800)"}),
 ]
 
 

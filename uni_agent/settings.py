@@ -72,6 +72,8 @@ class RunSettings(BaseSettings):
     """first K rows; -1 = all"""
     max_turns: int | None = Field(None, ge=1)
     """overrides interaction.max_turns of every agent when set (null: each agent's own)"""
+    eval_timeout: float | None = Field(None, gt=0)
+    """overrides reward.eval_timeout (seconds a grading may take) of every agent and row when set (null: their own)"""
 
     # Dask
     scheduler_address: str | None = None

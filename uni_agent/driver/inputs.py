@@ -15,7 +15,7 @@ from ..settings import REPO_ROOT, RunSettings
 
 
 # The run settings that reach every agent, and where: merged over each row's tools_kwargs when set (the run wins).
-AGENT_SETTINGS = {"max_turns": ("interaction", "max_turns")}
+AGENT_SETTINGS = {"max_turns": ("interaction", "max_turns"), "eval_timeout": ("reward", "eval_timeout")}
 
 
 def agent_overrides(settings: RunSettings) -> dict[str, Any]:
