@@ -218,3 +218,37 @@ def test_tests_that_cannot_import_what_the_answer_must_add_are_a_wrong_answer():
     assert "No module named 'astroid'" in environment_failure(third_party, grade, "", None)
     assert environment_failure("collected 0 items\n", grade, "", None) == \
         "no FAIL_TO_PASS/PASS_TO_PASS test ran (the answer is empty)"
+
+
+def test_prune_removes_what_no_build_asked_for_lately(tmp_path):
+    """`uni-agent envs prune --older-than 30`: a repository and an environment unused for 40 days go, with an
+    interpreter copy nothing uses and a half-built dir two days old; a fresh repository keeps the old environment it
+    was prepared with, and a fresh environment keeps its interpreter."""
+    import time
+
+    from uni_agent.envs.build import prune_unused
+
+    def made(path: Path, record: Path, content: dict, age_days: float) -> None:
+        path.mkdir(parents=True)
+        (path / "file").write_bytes(b"x" * 10000)
+        record.write_text(json.dumps(content))
+        when = time.time() - age_days * 86400
+        os.utime(record, (when, when))
+
+    envs, repos, pythons = tmp_path / "envs", tmp_path / "repos", tmp_path / "pythons"
+    for name in ("py-used", "py-unused"):
+        (pythons / name).mkdir(parents=True)
+    made(envs / "old", envs / "old" / "env.json", {"mounts": {}}, 40)
+    made(envs / "old-but-used", envs / "old-but-used" / "env.json", {"mounts": {}}, 40)
+    made(envs / "fresh", envs / "fresh" / "env.json", {"mounts": {"/opt/py": str(pythons / "py-used")}}, 1)
+    made(repos / "stale-1", repos / "stale-1.json", {"env": str(envs / "old")}, 40)
+    made(repos / "fresh-1", repos / "fresh-1.json", {"env": str(envs / "old-but-used")}, 2)
+    half = repos / ".half-1-abc"
+    half.mkdir()
+    os.utime(half, (time.time() - 2 * 86400,) * 2)
+
+    pruned = prune_unused(30, tmp_path)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*"))
+    assert left == ["envs/fresh", "envs/old-but-used", "pythons/py-used", "repos/fresh-1", "repos/fresh-1.json"]
+    assert (pruned.envs, pruned.repos) == (1, 1) and pruned.bytes >= 20000
+    assert prune_unused(0, tmp_path).repos == 1 and not list(repos.iterdir())  # 0: everything

@@ -104,7 +104,7 @@ def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="cache_command", required=True)
     sub.add_parser("size", help="disk used by each part of the cache (shared files counted once)")
     prune = sub.add_parser("prune", help="remove repository snapshots not used lately, and git objects no "
-                                         "snapshot uses any more")
+                                         "snapshot uses any more (SWE-bench environments: `uni-agent envs prune`)")
     prune.add_argument("--older-than", type=float, default=7.0, metavar="DAYS",
                        help="remove snapshots unused for DAYS (default 7; 0: every snapshot)")
 

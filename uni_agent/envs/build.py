@@ -8,7 +8,9 @@
     git/<owner>+<name>.git                      bare clones, when no mirror directory is given (needs the network)
 
 Everything is built in a temp dir and renamed into place, so an interrupted build is made again and a finished one
-is never half there. Build logs stay next to what they built (build.log, prepare.log).
+is never half there. Build logs stay next to what they built (build.log, prepare.log). Each `envs build` that finds
+an environment or a repository here marks it used (its record's mtime); `prune_unused` removes what no build asked
+for lately.
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ def build_env(plan: EnvPlan, source: GitSource, root: Path | None = None) -> Bui
     final = root / "envs" / plan.key
     record = final / "env.json"
     if record.is_file():
+        os.utime(record)  # last used: what `uni-agent envs prune` goes by
         info = json.loads(record.read_text())
         return Built(plan.label, str(final), info["seconds"], info["disk_bytes"], True, info["mounts"])
     started = time.monotonic()
@@ -241,6 +244,7 @@ def prepare_repo(instance: InstancePlan, env: Built, source: GitSource, root: Pa
     final = root / "repos" / f"{instance.instance_id}-{digest}"
     record = final.with_name(final.name + ".json")
     if record.is_file() and final.is_dir():
+        os.utime(record)  # last used: what `uni-agent envs prune` goes by
         info = json.loads(record.read_text())
         return Built(instance.instance_id, str(final), info["seconds"], info["disk_bytes"], True, env.mounts)
     started = time.monotonic()
@@ -264,3 +268,64 @@ def prepare_repo(instance: InstancePlan, env: Built, source: GitSource, root: Pa
     finally:
         remove_tree(building)
     return Built(instance.instance_id, str(final), seconds, info["disk_bytes"], False, env.mounts)
+
+
+@dataclass
+class Pruned:
+    envs: int = 0
+    repos: int = 0
+    bytes: int = 0
+
+
+def prune_unused(older_than_days: float, root: Path | None = None) -> Pruned:
+    """Remove the repositories and environments no `envs build` asked for in `older_than_days` (0: all), half-built
+    ones a day old, and the interpreters no environment left uses. An environment a kept repository was prepared
+    with is kept. Rows that name what was removed need `envs build` again before they are graded."""
+    root = root or envs_root()
+    pruned = Pruned()
+    now, horizon = time.time(), older_than_days * 86400.0
+
+    def stale(record: Path, building: bool) -> bool:
+        return now - record.stat().st_mtime >= (86400.0 if building else horizon)
+
+    def remove(path: Path) -> None:
+        pruned.bytes += disk_usage(path) if path.is_dir() else path.stat().st_size
+        remove_tree(path) if path.is_dir() else path.unlink()
+
+    kept_envs: set[str] = set()
+    repos = root / "repos"
+    for repo in sorted(repos.iterdir()) if repos.is_dir() else []:
+        if repo.name.startswith("."):  # a build under way or interrupted
+            if repo.is_dir() and stale(repo, building=True):
+                remove(repo)
+            continue
+        if not repo.is_dir():
+            continue
+        record = repo.with_name(repo.name + ".json")
+        if record.is_file() and not stale(record, building=False):
+            kept_envs.add(json.loads(record.read_text()).get("env", ""))
+            continue
+        remove(repo)
+        for leftover in (record, repo.with_name(repo.name + ".prepare.log")):
+            if leftover.is_file():
+                remove(leftover)
+        pruned.repos += 1
+    envs = root / "envs"
+    for env in sorted(envs.iterdir()) if envs.is_dir() else []:
+        building = env.name.startswith(".")
+        record = env / "env.json"
+        if str(env) in kept_envs or (record.is_file() and not stale(record, building=False)):
+            continue
+        if building and not stale(env, building=True):
+            continue
+        remove(env)
+        pruned.envs += 0 if building else 1
+    pythons = root / "pythons"
+    used = {directory for env in (envs.iterdir() if envs.is_dir() else []) if (env / "env.json").is_file()
+            for directory in json.loads((env / "env.json").read_text()).get("mounts", {}).values()}
+    if envs.is_dir() and any(env.name.startswith(".") for env in envs.iterdir()):
+        return pruned  # an environment being built may use an interpreter it has not recorded yet
+    for python in sorted(pythons.iterdir()) if pythons.is_dir() else []:
+        if str(python) not in used and (not python.name.startswith(".") or stale(python, building=True)):
+            remove(python)
+    return pruned

@@ -2,6 +2,7 @@
 repository, then the rows rewritten to use them:
 
     uni-agent envs build data/swe_bench_verified_local.parquet --git-mirror /work/.mirror [--jobs 4] [--out FILE]
+    uni-agent envs prune [--older-than 30]     what no build asked for in 30 days, removed
 
 A row gets `repo` (its prepared repository), `mounts` (the environment at /opt/miniconda3, the interpreter at its
 own path) and `reward.metadata.env_prebuilt: "1"` (the eval script skips the install step). Rows that cannot get
@@ -21,7 +22,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..swebench.spec import ENV_PREBUILT
-from .build import BuildError, Built, GitSource, build_env, envs_root, prepare_repo
+from .build import BuildError, Built, GitSource, build_env, envs_root, prepare_repo, prune_unused
 from .plan import Plan, plan_rows
 
 MB = 1024 * 1024
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--constraint", help="a pip constraints file for every install of the builds, e.g. pins for "
                                             "packages released after the official images were built")
     build.set_defaults(func=cmd_envs)
+    prune = sub.add_parser("prune", help="remove the environments and repositories no `envs build` asked for lately")
+    prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS",
+                       help="remove what no build asked for in DAYS (default 30; 0: everything)")
+    prune.set_defaults(func=cmd_prune)
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -64,6 +69,14 @@ def cmd_envs(args: argparse.Namespace) -> int:
         print(f"error: {failure}", file=sys.stderr)
     say(f"{len(repos)} of {len(rows)} rows have their environment; rows written to {out}")
     return 1 if failures else 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    root = envs_root()
+    pruned = prune_unused(args.older_than, root)
+    say(f"removed {pruned.envs} environments and {pruned.repos} repositories, freed {pruned.bytes / MB:.0f} MB "
+        f"({root}); rows that named them need `uni-agent envs build` again")
+    return 0
 
 
 def build_all(plan: Plan, source: GitSource, root: Path, jobs: int) -> tuple[dict[int, Built], list[str]]:
