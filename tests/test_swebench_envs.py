@@ -204,6 +204,29 @@ def test_real_instances_end_to_end(tmp_path):
             assert theirs["tests_status"] == ours["tests_status"] and theirs["resolved"] == ours["resolved"]
 
 
+@pytest.mark.skipif(bool(_mirrors_missing()), reason=_mirrors_missing() or "mirrors present")
+def test_a_verification_gets_its_environments_on_first_use(tmp_path):
+    """`uni-agent verify --build-envs`: rows straight from the preprocessor (no environment) get theirs before the
+    grading starts (cached: after the test above, nothing is built again), gold resolves, and the rows file is left
+    as it was."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [r for r in INSTANCES if r["instance_id"] == "psf__requests-1142"]
+    rows = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(local_rows(records, tmp_path)), rows)
+    before = rows.read_bytes()
+    out = tmp_path / "gold"
+    done = subprocess.run([sys.executable, "-m", "uni_agent.cli", "verify", "--data-path", str(rows), "--patch", "gold",
+                           "--build-envs", "--git-mirror", str(MIRRORS), "--output-dir", str(out),
+                           "--local-workers", "2"], capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "build_envs: 1 rows need 1 environments" in done.stdout, done.stdout[-3000:]
+    assert "psf__requests-1142: repository" in done.stdout
+    assert json.loads((out / "summary.json").read_text())["resolved"] == 1
+    assert rows.read_bytes() == before
+
+
 def test_tests_that_cannot_import_what_the_answer_must_add_are_a_wrong_answer():
     """An empty answer to pylint-4551: the test module imports get_annotation, which the fix adds; nothing ran. That
     is the answer's fault (official: unresolved), not a broken environment; a missing third-party module still is."""

@@ -27,6 +27,7 @@ COMMON_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--max-samples", {"type": int, "help": "first K rows; -1 = all"}),
     ("--eval-timeout", {"type": float, "help": "seconds a grading may take, for every row (default: each row's "
                                                "reward.eval_timeout; SWE-bench's official limit is 1800)"}),
+    ("--git-mirror", {"help": "--build-envs: a directory of git mirrors (default: clone from GitHub)"}),
 ]
 
 
@@ -63,7 +64,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--token-capture", {"choices": ["auto", "off", "llama_server", "vllm"],
                          "help": "keep each call's token ids and logprobs (auto: by engine; external: off)"}),
 ]
-SWITCHES = {"verify": "--no-verify", "progress": "--no-progress", "retry_errors": "--retry-errors",
+SWITCHES = {"build_envs": "--build-envs", "verify": "--no-verify", "progress": "--no-progress",
+            "retry_errors": "--retry-errors",
             "share_with_group": "--share-with-group", "dashboard": "--no-dashboard"}
 TYPED = "typed_flags"  # the namespace's record of which spelling of an aliased flag was given
 
@@ -95,6 +97,8 @@ def add_run_flags(parser: argparse.ArgumentParser, verify: bool = False) -> None
         parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
         parser.add_argument("--retry-errors", dest="retry_errors", action="store_const", const=True, default=None,
                             help="resuming: run again the rollouts whose failure_kind is infra (their rows replaced)")
+    parser.add_argument("--build-envs", dest="build_envs", action="store_const", const=True, default=None,
+                        help="SWE-bench rows get their environment first, as `uni-agent envs build` makes it (cached)")
     parser.add_argument("--share-with-group", dest="share_with_group", action="store_const", const=True, default=None,
                         help="outputs readable by your group (0750/0640); default: private to you (0700/0600)")
     parser.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=False, default=None,

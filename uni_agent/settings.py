@@ -74,6 +74,11 @@ class RunSettings(BaseSettings):
     """overrides interaction.max_turns of every agent when set (null: each agent's own)"""
     eval_timeout: float | None = Field(None, gt=0)
     """overrides reward.eval_timeout (seconds a grading may take) of every agent and row when set (null: their own)"""
+    build_envs: bool = False
+    """SWE-bench rows of the local backend get their environment before the run starts, as `uni-agent envs build`
+    makes it (cached per user; the rows file is left as it is)"""
+    git_mirror: str | None = None
+    """build_envs: a directory of git mirrors (<owner>+<name>/repo, ...); null = clone from GitHub into the cache"""
 
     # Dask
     scheduler_address: str | None = None

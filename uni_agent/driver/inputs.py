@@ -53,6 +53,10 @@ def load_inputs(data: str | Path | list[dict[str, Any]] | None, agent_config: st
     rows, source = load_rows(data, settings, output_dir)
     if settings.max_samples >= 0:
         rows = rows[: settings.max_samples]
+    if settings.build_envs:
+        from ..envs.first_use import with_environments  # builds only when asked: no envs code otherwise
+
+        rows = with_environments(rows, git_mirror=settings.git_mirror)
     specs, problems = build_specs(rows, agents, run_id, n, source)
     for problem in problems:
         print(f"skipped: {problem.error}", file=sys.stderr)

@@ -13,6 +13,8 @@ time nothing is installed and nothing needs the network.
     interpreters.py  where a Python X.Y comes from: uv, pyenv, conda or PATH
     isolation.py     the bubblewrap command a build step runs in, and the `conda activate` stand-in
     index_access.py  the builder's way to the package index, carried into a build step (proxies, pip config)
-    build.py         making an environment and a row's repository, cached per user
-    command.py       the `uni-agent envs build` command: parallel builds, progress, the rewritten rows
+    build.py         making an environment and a row's repository, cached per user; pruning the unused
+    batch.py         many rows' environments in parallel, progress, the rows pointed at them
+    command.py       the `uni-agent envs build` and `envs prune` commands
+    first_use.py     `--build-envs`: a run's rows get their environments before it starts
 """

@@ -13,19 +13,13 @@ happened and how long it took; the last line says where the rows went. Exit 1 wh
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
-import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
 
 from ..config import ConfigError
-from ..swebench.spec import ENV_PREBUILT
-from .build import BuildError, Built, GitSource, build_env, envs_root, prepare_repo, prune_unused
-from .plan import Plan, plan_rows
-
-MB = 1024 * 1024
+from .batch import MB, build_all, say, with_environment
+from .build import GitSource, envs_root, prune_unused
+from .plan import plan_rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,55 +71,3 @@ def cmd_prune(args: argparse.Namespace) -> int:
     say(f"removed {pruned.envs} environments and {pruned.repos} repositories, freed {pruned.bytes / MB:.0f} MB "
         f"({root}); rows that named them need `uni-agent envs build` again")
     return 0
-
-
-def build_all(plan: Plan, source: GitSource, root: Path, jobs: int) -> tuple[dict[int, Built], list[str]]:
-    """Every environment, then every repository once its environment is there, `jobs` at a time."""
-    repos: dict[int, Built] = {}
-    failures: list[str] = []
-    with ThreadPoolExecutor(jobs) as pool:
-        env_futures: dict[str, Future[Built]] = {}
-        for key, env in plan.envs.items():
-            say(f"{env.label}: building its environment (Python {env.python}, setup commit {env.setup_commit[:12]})")
-            env_futures[key] = pool.submit(build_env, env, source, root)
-        repo_futures: dict[int, Future[Built]] = {}
-        keys = {future: key for key, future in env_futures.items()}
-        for future in as_completed(keys):  # each environment's line as soon as it is done
-            key = keys[future]
-            try:
-                env_built = future.result()
-            except (BuildError, ConfigError, OSError) as exc:
-                failures.append(f"{plan.envs[key].label}: {exc}")
-                say(f"{plan.envs[key].label}: FAILED (see the error at the end)")
-                continue
-            say(f"{env_built.name}: environment {'cached' if env_built.cached else 'built'} "
-                f"in {env_built.seconds:.1f} s, {env_built.disk_bytes / MB:.0f} MB ({env_built.path})")
-            for index, instance in plan.instances.items():
-                if instance.env.key == key:
-                    repo_futures[index] = pool.submit(prepare_repo, instance, env_built, source, root)
-        for index, future in repo_futures.items():
-            name = plan.instances[index].instance_id
-            try:
-                repos[index] = future.result()
-            except (BuildError, ConfigError, OSError) as exc:
-                failures.append(f"{name}: {exc}")
-                continue
-            built = repos[index]
-            say(f"{name}: repository {'cached' if built.cached else 'prepared'} in {built.seconds:.1f} s, "
-                f"{built.disk_bytes / MB:.0f} MB")
-    return repos, failures
-
-
-def with_environment(row: dict[str, Any], built: Built) -> dict[str, Any]:
-    """The row pointed at its prepared repository and environment; nothing else changes."""
-    row = copy.deepcopy(row)
-    tools = row["extra_info"]["tools_kwargs"]
-    deployment = tools["env"]["deployment"]
-    deployment["repo"] = built.path
-    deployment["mounts"] = {**(deployment.get("mounts") or {}), **built.mounts}
-    tools["reward"]["metadata"][ENV_PREBUILT] = "1"
-    return row
-
-
-def say(line: str) -> None:
-    print(f"[envs {time.strftime('%H:%M:%S')}] {line}", flush=True)
