@@ -96,7 +96,7 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
         bwrap += ["--ro-bind", interpreter_dir, interpreter.prefix]
     bwrap += ["--bind", str(conda_root), CONDA_ROOT, "--bind", str(dirs.repo), "/testbed",
               "--bind", str(dirs.pip_cache), PIP_CACHE_INSIDE, "--chdir", "/testbed"]
-    index_args, index_settings = index_access_args(dirs.scratch, home)
+    index_args, index_settings = index_access_args(dirs.scratch)
     bwrap += index_args
     for key, value in {**index_settings, **pip_settings, "PATH": BUILD_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                        "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "USER": "root"}.items():
