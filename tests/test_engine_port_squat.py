@@ -9,6 +9,7 @@ stranger's 200 as the engine's and the run went on with it.
 
 import asyncio
 import json
+import shutil
 import socket
 import sys
 import time
@@ -69,4 +70,5 @@ def test_a_port_taken_by_another_user_gets_no_request_of_the_run(tmp_path):
         squatter.wait()
         kill_processes_of(stranger)
     requests = [json.loads(line) for line in seen.read_text().splitlines()]
+    shutil.rmtree(where)
     assert not any("the-runs-secret-key" in (r["auth"] or "") for r in requests), requests
