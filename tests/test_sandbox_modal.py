@@ -639,7 +639,10 @@ def test_terminate_is_retried_and_a_dead_sandbox_is_an_infrastructure_error(clou
 
 def test_proxy_is_set_for_the_sdk_and_one_proxy_per_process(cloud: FakeCloud, monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("HTTPS_PROXY", "https_proxy"):
-        monkeypatch.delenv(key, raising=False)
+        # set, then removed: monkeypatch then undoes what the code sets too (a bare delenv of an unset name records
+        # nothing, and HTTPS_PROXY=proxy.invalid outlived this test: every later pip in the session failed on it)
+        monkeypatch.setenv(key, "unset-by-this-test")
+        monkeypatch.delenv(key)
 
     async def main() -> None:
         async with deployment(proxy="http://proxy.invalid:3128").build({}, "proxy"):
