@@ -15,16 +15,15 @@ from .build import GitSource, envs_root
 from .plan import plan_rows
 
 
-def with_environments(rows: list[dict[str, Any]], *, git_mirror: str | None = None, constraint: str | None = None,
-                      jobs: int | None = None) -> list[dict[str, Any]]:
-    """`rows` with every SWE-bench row of the local backend pointed at its built environment and repository."""
-    constraints = Path(constraint).expanduser().read_text() if constraint else ""
-    plan = plan_rows(rows, constraints=constraints)
+def with_environments(rows: list[dict[str, Any]], *, git_mirror: str | None = None) -> list[dict[str, Any]]:
+    """`rows` with every SWE-bench row of the local backend pointed at its built environment and repository, built
+    half as many at a time as this process has CPUs."""
+    plan = plan_rows(rows)
     if not plan.instances:
         return rows
     root = envs_root()
     source = GitSource(root, Path(git_mirror).expanduser().resolve() if git_mirror else None)
-    jobs = jobs or max(1, len(os.sched_getaffinity(0)) // 2)
+    jobs = max(1, len(os.sched_getaffinity(0)) // 2)
     say(f"build_envs: {len(plan.instances)} rows need {len(plan.envs)} environments (cached under {root})")
     repos, failures = build_all(plan, source, root, jobs)
     if failures:
