@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from ..fast_json import loads_json
 
 
 @dataclass
@@ -74,7 +75,7 @@ class HttpAnswer:
         return self.body.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return loads_json(self.body)
 
 
 def answer_json(response: HttpAnswer, latency: float, where: str) -> dict[str, Any]:
