@@ -124,3 +124,43 @@ def test_convert_tasks_keeps_test_cmd(tmp_path):
     convert(tmp_path / "tasks", tmp_path / "rows.parquet")
     row = pq.read_table(tmp_path / "rows.parquet").to_pylist()[0]
     assert row["extra_info"]["tools_kwargs"]["reward"]["metadata"]["test_cmd"] == "python -m pytest -rA -x"
+
+
+def test_a_wave_of_starts_shares_tree_walks_and_none_misses_an_earlier_edit(tmp_path, monkeypatch):
+    """The snapshot's fingerprint walks the source tree at every start: 24 starts at once share a few walks (each
+    waits for one that began after it asked), and a start after an edit sees the edit."""
+    import threading
+
+    from uni_agent.sandbox import repo as repo_module
+
+    source = tmp_path / "src"
+    (source / ".git" / "objects").mkdir(parents=True)
+    (source / ".git" / "objects" / "ab").write_text("an object: never walked\n")
+    (source / "a.py").write_text("A = 1\n")
+    walked = []
+    real_walk = repo_module._tree_fingerprint
+
+    def slow_walk(path):
+        walked.append(path)
+        time.sleep(0.2)
+        return real_walk(path)
+
+    monkeypatch.setattr(repo_module, "_tree_fingerprint", slow_walk)
+    results, gate = [], threading.Barrier(24)
+
+    def start():
+        gate.wait()
+        results.append(repo_module._fresh_fingerprint(source))
+
+    threads = [threading.Thread(target=start) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 24 and len(set(results)) == 1
+    assert len(walked) <= 3  # one that may have begun before some asked, one after; not 24
+    (source / "a.py").write_text("A = 2  # edited\n")
+    assert repo_module._fresh_fingerprint(source) != results[0]
+    (source / ".git" / "objects" / "cd").write_text("git's own files do not count\n")
+    edited = repo_module._fresh_fingerprint(source)
+    assert repo_module._fresh_fingerprint(source) == edited

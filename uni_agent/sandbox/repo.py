@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from .private_dir import private_cache_dir
@@ -52,11 +53,40 @@ def resolve_repo(repo: str) -> Path:
 
 
 def _tree_fingerprint(path: Path) -> str:
+    """Names, sizes and mtimes of everything in the tree but git's own dirs, hashed: computed at every sandbox start,
+    so it never enters a `.git` (rglob walked every git object and dropped them after: 79 ms a start for a 3,300-file
+    tree) and stats each entry once."""
     digest = hashlib.sha256(str(path).encode())
-    for file in sorted(p for p in path.rglob("*") if ".git" not in p.relative_to(path).parts):
-        stat = file.lstat()
-        digest.update(f"{file.relative_to(path)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    root = str(path)
+    entries: list[tuple[str, os.stat_result]] = []
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in dirs + [f for f in files if f != ".git"]:  # a worktree's or submodule's .git file too
+            full = os.path.join(directory, name)
+            entries.append((os.path.relpath(full, root), os.lstat(full)))
+    for relative, stat in sorted(entries):
+        digest.update(f"{relative}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+_walks: dict[str, tuple[threading.Lock, list[tuple[float, str]]]] = {}  # source -> its lock, its last walk
+_walks_lock = threading.Lock()
+
+
+def _fresh_fingerprint(source: Path) -> str:
+    """The tree's fingerprint from a walk that began after this call did (so no edit made before a sandbox start is
+    missed), shared: a wave of starts of one task waits for one walk at a time and takes its result, instead of
+    each walking the tree (128 starts on a worker, 128 walks)."""
+    asked = time.monotonic()
+    with _walks_lock:
+        lock, last = _walks.setdefault(str(source), (threading.Lock(), []))
+    with lock:
+        if last and last[0][0] >= asked:
+            return last[0][1]
+        began = time.monotonic()
+        fingerprint = _tree_fingerprint(source)
+        last[:] = [(began, fingerprint)]
+        return fingerprint
 
 
 def prepare_base_repo(source: Path) -> Path:
@@ -67,7 +97,7 @@ def prepare_base_repo(source: Path) -> Path:
     object store, so snapshots of the same history share their disk. Built in a temp dir and renamed into place, so
     concurrent workers never see a half-built snapshot.
     """
-    base = cache_root() / REPOS_DIR / f"{source.name}-{_tree_fingerprint(source)}"
+    base = cache_root() / REPOS_DIR / f"{source.name}-{_fresh_fingerprint(source)}"
     if base.is_dir():
         _touch(base / LAST_USED)
         return base
