@@ -80,6 +80,12 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     # The run's fixed cost around its rollouts: positive, and less than the run (whose every call is 0.1 s).
     assert 0 < row["lead_in_s"] and 0 <= row["tail_s"] and row["lead_in_s"] + row["tail_s"] < row["makespan_s"] - 0.6
     assert "lead-in/tail s" in text
+    # Where the time went: a rollout spends at least its commands' CPU (2 x 0.1 s) in them; the model calls' wait
+    # past their delay is small but not negative; the worst is no better than the mean.
+    assert row["commands_mean_s"] >= 0.2 * 0.95 and row["commands_max_s"] >= row["commands_mean_s"]
+    assert -0.05 < row["model_late_mean_s"] <= row["model_late_max_s"]
+    assert row["over_ideal_max_s"] >= row["over_ideal_mean_s"] >= row["commands_mean_s"] - 0.05
+    assert "a rollout's time past the ideal, mean / worst" in text
     assert not math.isnan(row["peak_mib_per_rollout"]) and row["peak_mib_per_rollout"] >= 0
     # a worker holds its libraries, Dask's sockets and its rollouts' files: within the estimate, which sized the limit
     assert 10 < row["peak_fds_worker"] <= fds_needed(4, 1)

@@ -88,6 +88,10 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
                 echo(table_line(row))
                 echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
                 echo("    " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
+                echo(f"    a rollout's time past the ideal, mean / worst: {row['over_ideal_mean_s']:.2f} / "
+                     f"{row['over_ideal_max_s']:.2f} s; of it the model calls' wait past their delay "
+                     f"{row['model_late_mean_s']:.2f} / {row['model_late_max_s']:.2f} s, its commands "
+                     f"{row['commands_mean_s']:.2f} / {row['commands_max_s']:.2f} s")
                 echo(f"    open files at peak: busiest worker {row['peak_fds_worker']} "
                      f"({row['peak_fds_worker'] / row['rollouts_per_worker']:.2f} per rollout in flight)")
                 show_errors(row, echo)

@@ -118,12 +118,24 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
         "cpu_split_s": split.seconds,
         "cpu_else_s": split.breakdown(),
         "sandbox_start_p50_ms": percentile(starts, 0.5) * 1000, "sandbox_start_p95_ms": percentile(starts, 0.95) * 1000,
+        **time_split(results, (turns + 1) * delay_s),
         "peak_mib_per_rollout": memory.added / 2**20 / concurrency,
         "peak_fds_worker": worker_files.peak_fds, "rollouts_per_worker": -(-concurrency // workers),
         "load": max(load_before, load_average()),
         "errors": sorted({str(e)[:200] for e in failures["error"].dropna()})[:3],
         "log_tail": log.getvalue()[-2000:] if len(failures) else "",
     }
+
+
+def time_split(results: Any, model_ideal_s: float) -> dict[str, float]:
+    """Where a rollout's time went, from its row: the model calls' wait past the endpoint's own delay (what the
+    framework adds around a call: the event loop, the connection, the endpoint's queue), its commands (the burst of a
+    turn's commands in the sandboxes), and its wall time past the ideal; mean and worst over the rollouts."""
+    late = results["llm_s"] - model_ideal_s
+    over = results["total_s"] - model_ideal_s
+    return {"model_late_mean_s": float(late.mean()), "model_late_max_s": float(late.max()),
+            "commands_mean_s": float(results["tools_s"].mean()), "commands_max_s": float(results["tools_s"].max()),
+            "over_ideal_mean_s": float(over.mean()), "over_ideal_max_s": float(over.max())}
 
 
 @contextlib.contextmanager
