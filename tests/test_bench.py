@@ -127,3 +127,26 @@ def test_cpu_split_counts_a_workers_descendants_as_sandboxes():
     # The machine's total (/proc/stat, counted per tick) and a process's times (scaled from its exact runtime) can
     # differ by a few ticks: the machine must hold the sandboxes' CPU within that.
     assert split.machine_s >= seconds["sandboxes"] - 0.05
+
+
+def test_the_simulated_endpoint_spreads_over_loopback_addresses_past_the_ports_of_one():
+    """One address holds at most 75% of the kernel's ephemeral ports in connections from this host: past that the
+    endpoint listens on more loopback addresses, and every one of them answers."""
+    import urllib.request
+
+    from uni_agent.bench.endpoint_pool import EndpointPool
+    from uni_agent.bench.measure import connections_per_address, endpoint_addresses
+
+    per_address = connections_per_address()
+    assert 1000 < per_address < 65536
+    assert endpoint_addresses(per_address) == 1 and endpoint_addresses(per_address + 1) == 2
+    with EndpointPool(1, 0.01, 1, "ls", addresses=2) as endpoint:
+        urls = endpoint.base_url.split(",")
+        assert [u.split("/")[2].split(":")[0] for u in urls] == ["127.0.0.1", "127.0.0.2"]
+        for url in urls:
+            body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "go"}]}).encode()
+            request = urllib.request.Request(f"{url}/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert json.loads(answer.read())["choices"][0]["message"]["tool_calls"]
+    assert endpoint.stats["requests"] == 2

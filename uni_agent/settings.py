@@ -107,7 +107,8 @@ class RunSettings(BaseSettings):
     model_name: str | None = None
     """the served model name (external: required)"""
     base_url: str | None = None
-    """external: the OpenAI-compatible endpoint, e.g. http://host:8000/v1"""
+    """external: the OpenAI-compatible endpoint, e.g. http://host:8000/v1; replicas of one model comma-separated
+    (each rollout keeps the least-loaded one)"""
     api_key: SecretStr | None = None
     """external: sent as a Bearer token; never logged"""
     engine_replicas: int = Field(1, ge=1)

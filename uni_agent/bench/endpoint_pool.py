@@ -4,10 +4,13 @@ threads in one process).
 
 Each process answers POST .../chat/completions after `delay_s` with the benchmark's scripted reply (BenchPolicy:
 `turns` execute_bash calls, then submit) and GET .../models; keep-alive connections, as vLLM offers them. The kernel
-spreads new connections over the processes (SO_REUSEPORT). It speaks only the small part of HTTP/1.1 that the
+spreads new connections over the processes (SO_REUSEPORT). With `addresses` > 1 every process listens on
+127.0.0.1, 127.0.0.2, ... (all of 127/8 is this host's) at the same port and `base_url` names them all, comma-separated,
+as replicas: one address takes at most the kernel's ephemeral ports' worth of connections (bench/measure.py,
+connections_per_address). It speaks only the small part of HTTP/1.1 that the
 OpenAI clients use (Content-Length bodies, no chunked requests): a latency-controlled stand-in, not a server.
 
-    python -m uni_agent.bench.endpoint_pool --port P --delay-s 20 --turns 4 --command 'echo hi'
+    python -m uni_agent.bench.endpoint_pool --port P --hosts 127.0.0.1,127.0.0.2 --delay-s 20 --turns 4 --command ls
     # one process: prints {"ready": port} once listening; serves until stdin closes, then prints its figures
 """
 
@@ -36,7 +39,7 @@ class _Figures:
         self.late_max_s = 0.0  # how much later than `delay_s` a reply left (event-loop lag: an overloaded endpoint)
 
 
-async def _serve(port: int, delay_s: float, policy: BenchPolicy, figures: _Figures) -> None:
+async def _serve(hosts: list[str], port: int, delay_s: float, policy: BenchPolicy, figures: _Figures) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -68,7 +71,7 @@ async def _serve(port: int, delay_s: float, policy: BenchPolicy, figures: _Figur
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_port=True, backlog=8192)
+    server = await asyncio.start_server(handle, hosts, port, reuse_port=True, backlog=8192)
     print(json.dumps({"ready": port}), flush=True)
     async with server:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
@@ -77,12 +80,13 @@ async def _serve(port: int, delay_s: float, policy: BenchPolicy, figures: _Figur
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m uni_agent.bench.endpoint_pool")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--hosts", default="127.0.0.1", help="comma-separated addresses to listen on")
     parser.add_argument("--delay-s", type=float, required=True)
     parser.add_argument("--turns", type=int, required=True)
     parser.add_argument("--command", required=True)
     args = parser.parse_args(argv)
     figures = _Figures()
-    asyncio.run(_serve(args.port, args.delay_s, BenchPolicy(args.turns, args.command), figures))
+    asyncio.run(_serve(args.hosts.split(","), args.port, args.delay_s, BenchPolicy(args.turns, args.command), figures))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     try:
         print(json.dumps({"requests": figures.requests, "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -95,22 +99,21 @@ def main(argv: list[str] | None = None) -> int:
 class EndpointPool:
     """`with EndpointPool(processes, delay_s, turns, command) as ep: ep.base_url, ep.pids`; `ep.stats` after exit."""
 
-    def __init__(self, processes: int, delay_s: float, turns: int, command: str):
+    def __init__(self, processes: int, delay_s: float, turns: int, command: str, addresses: int = 1):
         self.processes, self.delay_s, self.turns, self.command = processes, delay_s, turns, command
+        self.hosts = [f"127.0.0.{i}" for i in range(1, addresses + 1)]
         self.stats: dict[str, Any] = {}
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> EndpointPool:
-        # Hold a bound (never listening) socket on the port while the servers start, so no one else takes it.
-        holder = socket.socket()
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        holder.bind(("127.0.0.1", 0))
-        port = holder.getsockname()[1]
+        # Hold bound (never listening) sockets on the port while the servers start, so no one else takes it.
+        holders, port = _hold_port(self.hosts)
         try:
             for _ in range(self.processes):
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "uni_agent.bench.endpoint_pool", "--port", str(port), "--delay-s",
-                     str(self.delay_s), "--turns", str(self.turns), "--command", self.command],
+                    [sys.executable, "-m", "uni_agent.bench.endpoint_pool", "--port", str(port), "--hosts",
+                     ",".join(self.hosts), "--delay-s", str(self.delay_s), "--turns", str(self.turns),
+                     "--command", self.command],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_bench()))
             for proc in self.procs:
                 if not (proc.stdout and proc.stdout.readline()):
@@ -119,8 +122,9 @@ class EndpointPool:
             self.__exit__()
             raise
         finally:
-            holder.close()
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+            for holder in holders:
+                holder.close()
+        self.base_url = ",".join(f"http://{host}:{port}/v1" for host in self.hosts)
         self.pids = [p.pid for p in self.procs]
         return self
 
@@ -136,6 +140,23 @@ class EndpointPool:
         self.stats = {"processes": self.processes, "requests": sum(f["requests"] for f in figures),
                       "cpu_s": sum(f["cpu_s"] for f in figures),
                       "late_max_s": max((f["late_max_s"] for f in figures), default=float("nan"))}
+
+
+def _hold_port(hosts: list[str]) -> tuple[list[socket.socket], int]:
+    """Sockets bound (SO_REUSEPORT) to one port free on every host, and the port."""
+    for _ in range(20):
+        holders = []
+        try:
+            for host in hosts:
+                holder = socket.socket()
+                holders.append(holder)
+                holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                holder.bind((host, holders[0].getsockname()[1] if len(holders) > 1 else 0))
+            return holders, holders[0].getsockname()[1]
+        except OSError:  # that port is taken on another address: another one
+            for holder in holders:
+                holder.close()
+    raise RuntimeError(f"no port free on all of {', '.join(hosts)}")
 
 
 if __name__ == "__main__":

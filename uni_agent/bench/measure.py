@@ -158,6 +158,26 @@ def ensure_limits(concurrency: int, workers: int, endpoint_processes: int = 1,
     return notes
 
 
+PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+PORT_FILL = 0.75  # connect() searches the range for a free port: past about this fill it burns the CPU it finds it with
+
+
+def connections_per_address() -> int:
+    """How many connections this host can hold open to one address and port: each takes a local port from the
+    kernel's ephemeral range (28,232 by default), shared by every process here. At 100,000 in flight to one address
+    the workers spent 57% of their CPU in connect() searching the full range, and the rest failed and retried."""
+    try:
+        low, high = (int(x) for x in Path(PORT_RANGE).read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return int((high - low + 1) * PORT_FILL)
+
+
+def endpoint_addresses(in_flight: int) -> int:
+    """Loopback addresses (127.0.0.1, .2, ...) the simulated endpoint listens on, so its connections fit the ports."""
+    return max(1, -(-in_flight // connections_per_address()))
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")

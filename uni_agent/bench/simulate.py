@@ -31,8 +31,16 @@ from typing import Any
 
 from .endpoint_pool import EndpointPool
 from .lifetime import die_with_bench
-from .measure import (FDS_PER_ROLLOUT_SIMULATED, cpus_line, ensure_limits, load_average, open_files_line,
-                      record_counts)
+from .measure import (
+    FDS_PER_ROLLOUT_SIMULATED,
+    connections_per_address,
+    cpus_line,
+    endpoint_addresses,
+    ensure_limits,
+    load_average,
+    open_files_line,
+    record_counts,
+)
 from .out_dir import refuse_earlier_results
 from .simulate_processes import ProcessCluster, Sampler, page_probe, stop_session
 from .simulate_report import check_line, growth_lines, table_head, table_line
@@ -118,7 +126,9 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     data, config, rollouts = write_inputs(out, options, in_flight)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
     row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers}
-    with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND) as endpoint, \
+    addresses = endpoint_addresses(in_flight)
+    row["endpoint_addresses"] = addresses
+    with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND, addresses) as endpoint, \
             ProcessCluster(options.workers, out / "cluster", env, options.cwd) as cluster, \
             Sampler(cluster.client, cluster.dashboard) as sampler, \
             _profiles(cluster, options.profile_dir, f"c{in_flight}") as profile:
@@ -276,6 +286,11 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
          "waves x (calls x delay + commands x command time); CPU = process user+system over the makespan (cores); "
          "MiB = peak RSS; events/s = uni-agent events folded by the scheduler / makespan; page = state.json built "
          "in the scheduler (max over probes every 5 s); pq = Parquet bytes written / makespan")
+    most = max(options.in_flight)
+    notes.append(f"endpoint addresses: {endpoint_addresses(most)} at {most:,} in flight (127.0.0.1, .2, ..., given "
+                 f"to the run as replicas): this host holds at most {connections_per_address():,} connections to one "
+                 "address (75% of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which every process "
+                 "shares; past that connect() burns CPU searching for a free port, then fails)")
     for note in notes:
         echo(note)
     echo(table_head())
