@@ -45,3 +45,25 @@ def test_the_first_try_counts_against_max_attempts() -> None:
         with pytest.raises(TransientLLMError, match="HTTP 500"):
             asyncio.run(_chat(server.base_url))
         assert server.num_requests == 3  # not 4: the try made outside the loop is the loop's attempt 1
+
+
+def test_no_local_port_left_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EADDRNOTAVAIL from connect(): the host's ephemeral ports are used up (seen at 100,000 in flight to one address).
+    The OS error is made here, not provoked: using up 28,000 ports would disturb everything else on the machine."""
+    import errno
+    from unittest import mock
+
+    import aiohttp
+
+    from uni_agent.llm.reply import EndpointDownError
+
+    key = mock.Mock(ssl=None, host="127.0.0.1", port=9)
+    error = aiohttp.ClientConnectorError(key, OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"))
+
+    async def refused(self, path, body):
+        raise error
+
+    monkeypatch.setattr(ChatClient, "send", refused)
+    client = ChatClient("http://127.0.0.1:9/v1", "m", max_attempts=1, retry_unreachable=False)
+    with pytest.raises(EndpointDownError, match="no local port left .* --base-url URL1,URL2"):
+        asyncio.run(client.chat([{"role": "user", "content": "hi"}]))

@@ -7,6 +7,7 @@ client reports its engine down and up again (outage.py)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import random
 import time
@@ -177,7 +178,12 @@ class ChatClient:
         try:
             response = await self.send(path, body)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise EndpointDownError(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}") from exc
+            hint = ""
+            if getattr(getattr(exc, "os_error", None), "errno", None) == errno.EADDRNOTAVAIL:
+                hint = (" (this host has no local port left for another connection to it: every process here shares "
+                        "the kernel's ephemeral ports, net.ipv4.ip_local_port_range; spread the requests over more "
+                        "replicas, --base-url URL1,URL2)")
+            raise EndpointDownError(f"{self.base_url}: cannot connect: {type(exc).__name__}: {exc}{hint}") from exc
         except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
             raise TransientLLMError(f"{self.base_url}: read timeout, no answer within {self._timeout.sock_read:g}s "
                                     f"({type(exc).__name__})") from exc
