@@ -30,6 +30,7 @@ from ..dashboard import UniAgentDashboard
 from ..engines import Engines, check_engine, start_engines
 from ..engines.shared_prompt import share_prompt
 from ..episode.rollout import RolloutSpec
+from ..gc_policy import make_full_collections_rare
 from ..private_dirs import preflight_workers
 from ..settings import RunSettings
 from .cluster import cluster_client, sandbox_workers, verification_placement
@@ -63,6 +64,7 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                        ) -> AsyncIterator[RunSession]:
     """The session; with `agents` (the default) also the engines, the pool (`pool_factory`) and a dispatcher that
     records into `store`. `first_spec`: a rollout whose opening request the engines read once for all their slots."""
+    make_full_collections_rare()  # (uni_agent.gc_policy) the rollout service and verify hold thousands of rollouts too
     if agents:
         check_engine(settings)  # before the cluster starts: an unknown engine is the user's typo, said in one line
     async with cluster_client(settings, scheduler_address, security) as client:

@@ -20,6 +20,7 @@ import structlog
 
 from ..current_worker import worker_address
 from ..events import worker_emitter
+from ..gc_policy import make_full_collections_rare
 from ..grading import grade_in_sandbox
 from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
@@ -43,6 +44,7 @@ class AgentWorker:
             raise ValueError("AgentWorker needs at least one engine URL")
         register_secret(api_key)
         configure_logging(log_dir, "agent-worker", log_level)
+        make_full_collections_rare()  # this process will hold thousands of rollouts: no heap-wide pause every turn
         self.urls = list(urls)
         # With several replicas a dead one is not waited for: its rollouts move on (Router). One replica is waited for
         # up to `down_wait` seconds (its engine restarting, uni_agent.engines.server), and so are all of them.
