@@ -117,6 +117,37 @@ def other_user():
     remove_users([OTHER_USER])
 
 
+def _metrics_answer(port: int) -> str:
+    """What http://127.0.0.1:PORT/metrics answers: "refused" when nothing listens there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            return f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except urllib.error.URLError as exc:
+        return "refused" if isinstance(exc.reason, ConnectionRefusedError) else f"error {exc.reason}"
+
+
+def test_the_runs_workers_serve_no_pages():
+    """Dask starts an HTTP server in every worker (/metrics, /health, /sitemap.json) that answers any user of the
+    node; the worker preload closes it. A plain Dask worker's server answers, so the probe can tell."""
+    async def ports(client) -> list[int]:
+        return list((await client.run(lambda dask_worker: dask_worker.http_server.port)).values())
+
+    async def runs_and_plain() -> tuple[list[str], list[str]]:
+        async with cluster_client(load_settings(local_workers=2)) as client:
+            ours = [await asyncio.to_thread(_metrics_answer, port) for port in await ports(client)]
+        from distributed import Client, LocalCluster
+        async with LocalCluster(n_workers=1, processes=False, dashboard_address=None, asynchronous=True) as plain, \
+                Client(plain, asynchronous=True) as client:
+            theirs = [await asyncio.to_thread(_metrics_answer, port) for port in await ports(client)]
+        return ours, theirs
+
+    ours, plain = asyncio.run(runs_and_plain())
+    assert ours == ["refused", "refused"], ours
+    assert plain == ["HTTP 200"], plain
+
+
 def test_another_user_cannot_reach_the_runs_cluster_nor_root_theirs(other_user):
     async def root_runs():
         async with cluster_client(load_settings(local_workers=1)) as client:

@@ -140,6 +140,15 @@ def stop_pages(dask_scheduler: Any) -> None:
     dask_scheduler.http_server.stop()
 
 
+def stop_worker_pages(dask_worker: Any) -> None:
+    """A worker's own HTTP server stops listening. Dask starts one in every worker, with no dashboard too: /metrics
+    (the process's memory, CPU, open files and tasks), /health and /sitemap.json, answered to every user of the node.
+    Nothing of uni-agent reads it: the scheduler's /metrics (behind the token) covers the cluster."""
+    server = getattr(dask_worker, "http_server", None)
+    if server is not None:
+        server.stop()
+
+
 def with_token(url: str, token: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{urlencode({TOKEN_PARAMETER: token})}"
 

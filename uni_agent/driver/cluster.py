@@ -71,7 +71,7 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
 
             await stack.enter_async_context(Nanny(
                 cluster.scheduler_address, nthreads=1, name="gpu-0", host="127.0.0.1", protocol="tls://",
-                security=cluster.security, dashboard_address="127.0.0.1:0",
+                security=cluster.security, dashboard_address="127.0.0.1:0", preload=[WORKER_PRELOAD],
                 resources={settings.gpu_resource_name: settings.n_gpus_per_node}))
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
         await print_pages(client, serve=settings.dashboard)
