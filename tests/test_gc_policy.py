@@ -5,11 +5,16 @@ Each check runs in a fresh interpreter: the thresholds are process-wide, and pyt
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from uni_agent.driver.session import open_session
+from uni_agent.settings import load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,7 +69,7 @@ def test_a_disabled_or_stricter_collector_is_left_as_the_user_set_it():
     assert seen["disabled"] == [[700, 10, 10], False]
 
 
-def test_an_agent_worker_and_a_driver_session_set_it():
+def test_an_agent_worker_sets_it():
     code = textwrap.dedent(f"""
         import gc, json, sys, tempfile
         sys.path.insert(0, {str(REPO)!r})
@@ -75,6 +80,17 @@ def test_an_agent_worker_and_a_driver_session_set_it():
     """)
     seen = _run(code)
     assert seen["before"] == [700, 10, 10] and seen["after"] == [700, 10, 1000]
-    # The driver's entry points call it first thing (a run, the rollout service and verify go through open_session).
-    for module in ("uni_agent/driver/run.py", "uni_agent/driver/session.py"):
-        assert "make_full_collections_rare()" in (REPO / module).read_text(), module
+
+
+def test_a_driver_session_holds_it_and_gives_the_process_back_as_it_was(tmp_path):
+    """A run called from the user's own script changes their collector only while it runs (a real LocalCluster)."""
+    before = gc.get_threshold()
+    inside: list[tuple[int, int, int]] = []
+
+    async def session() -> None:
+        async with open_session(load_settings(local_workers=1, dashboard=False), tmp_path / "logs", agents=False):
+            inside.append(gc.get_threshold())
+
+    asyncio.run(session())
+    assert inside == [(before[0], before[1], max(before[2], 1000))]
+    assert gc.get_threshold() == before

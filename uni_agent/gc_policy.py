@@ -16,7 +16,9 @@ garbage is still freed; the worker's peak memory stayed the same (273 -> 274 MiB
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 # Middle-generation passes between two full collections (Python's default is 10).
 MIDDLE_PASSES_PER_FULL_COLLECTION = 1000
@@ -28,3 +30,15 @@ def make_full_collections_rare() -> None:
     if young == 0 or not gc.isenabled():  # the user turned collection off: not ours to turn back on
         return
     gc.set_threshold(young, middle, max(oldest, MIDDLE_PASSES_PER_FULL_COLLECTION))
+
+
+@contextlib.contextmanager
+def full_collections_rare() -> Iterator[None]:
+    """make_full_collections_rare for a block, then the thresholds as they were: a run called from the user's own
+    script (uni_agent.run, the rollout service) leaves their process's collector as it found it."""
+    before = gc.get_threshold()
+    make_full_collections_rare()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)

@@ -29,7 +29,7 @@ from ..engines import EngineFailed, check_engine
 from ..episode.exit_reason import ExitReason
 from ..episode.rollout import RolloutSpec
 from ..episode.trajectory import capture_note
-from ..gc_policy import make_full_collections_rare
+from ..gc_policy import full_collections_rare
 from ..llm import token_capture_for
 from ..logs import configure_logging
 from ..private_dirs import preflight, prepare_output_dir, private_files
@@ -89,14 +89,14 @@ async def run_async(
     scheduler_address: str | None = None,
     security: Any = None,
 ) -> RunOutcome:
-    with private_files(settings.share_with_group):
+    # full_collections_rare: the driver holds every row, spec and future of the run (uni_agent.gc_policy)
+    with private_files(settings.share_with_group), full_collections_rare():
         return await _run(data, agent_config, settings, scheduler_address, security)
 
 
 async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str | Path | AgentConfigs | None,
                settings: RunSettings, scheduler_address: str | None, security: Any) -> RunOutcome:
     started = time.monotonic()
-    make_full_collections_rare()  # the driver holds every row, spec and future of the run: no heap-wide pause per batch
     output_dir = settings.output_path()
     log_dir = output_dir / "logs"
     register_secret(settings.api_key_value())

@@ -30,7 +30,7 @@ from ..dashboard import UniAgentDashboard
 from ..engines import Engines, check_engine, start_engines
 from ..engines.shared_prompt import share_prompt
 from ..episode.rollout import RolloutSpec
-from ..gc_policy import make_full_collections_rare
+from ..gc_policy import full_collections_rare
 from ..private_dirs import preflight_workers
 from ..settings import RunSettings
 from .cluster import cluster_client, sandbox_workers, verification_placement
@@ -64,36 +64,37 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                        ) -> AsyncIterator[RunSession]:
     """The session; with `agents` (the default) also the engines, the pool (`pool_factory`) and a dispatcher that
     records into `store`. `first_spec`: a rollout whose opening request the engines read once for all their slots."""
-    make_full_collections_rare()  # (uni_agent.gc_policy) the rollout service and verify hold thousands of rollouts too
-    if agents:
-        check_engine(settings)  # before the cluster starts: an unknown engine is the user's typo, said in one line
-    async with cluster_client(settings, scheduler_address, security) as client:
-        await _show_page(client)
-        await preflight_workers(client)  # before an engine or a sandbox starts there
-        workers = await sandbox_workers(client, settings.gpu_resource_name)
-        session = RunSession(settings, client, workers, await verification_placement(client, workers))
-        if not agents:
-            yield session
-            return
-        if store is None:
-            raise ValueError("a session with agents records into a ResultStore: pass store=")
-        session.engines = engines = await start_engines(client, settings, str(log_dir))
-        try:
-            # What each engine says it is, asked while the agent workers start, not before.
-            versions = asyncio.ensure_future(engine_versions(engines.urls, engines.api_key))
-            session.pool = pool = pool_factory(client, engines, settings, log_dir)
-            try:
-                print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
-                policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
-                session.dispatcher = Dispatcher(client, pool, policy, store, settings, session.placement)
-                await _start_agent_workers(session, first_spec)
-                session.engine_versions = await versions
+    # (uni_agent.gc_policy) the rollout service and verify hold thousands of rollouts too
+    with full_collections_rare():
+        if agents:
+            check_engine(settings)  # before the cluster starts: an unknown engine is the user's typo, said in one line
+        async with cluster_client(settings, scheduler_address, security) as client:
+            await _show_page(client)
+            await preflight_workers(client)  # before an engine or a sandbox starts there
+            workers = await sandbox_workers(client, settings.gpu_resource_name)
+            session = RunSession(settings, client, workers, await verification_placement(client, workers))
+            if not agents:
                 yield session
+                return
+            if store is None:
+                raise ValueError("a session with agents records into a ResultStore: pass store=")
+            session.engines = engines = await start_engines(client, settings, str(log_dir))
+            try:
+                # What each engine says it is, asked while the agent workers start, not before.
+                versions = asyncio.ensure_future(engine_versions(engines.urls, engines.api_key))
+                session.pool = pool = pool_factory(client, engines, settings, log_dir)
+                try:
+                    print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
+                    policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
+                    session.dispatcher = Dispatcher(client, pool, policy, store, settings, session.placement)
+                    await _start_agent_workers(session, first_spec)
+                    session.engine_versions = await versions
+                    yield session
+                finally:
+                    versions.cancel()  # a session that ended before its engines answered
+                    await pool.close()
             finally:
-                versions.cancel()  # a session that ended before its engines answered
-                await pool.close()
-        finally:
-            await engines.stop()
+                await engines.stop()
 
 
 async def _show_page(client: Client) -> None:
