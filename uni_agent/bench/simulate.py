@@ -33,6 +33,7 @@ from .endpoint_pool import EndpointPool
 from .lifetime import die_with_bench
 from .measure import (
     FDS_PER_ROLLOUT_SIMULATED,
+    PORT_FILL,
     connections_per_address,
     cpus_line,
     endpoint_addresses,
@@ -289,8 +290,8 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     most = max(options.in_flight)
     notes.append(f"endpoint addresses: {endpoint_addresses(most)} at {most:,} in flight (127.0.0.1, .2, ..., given "
                  f"to the run as replicas): this host holds at most {connections_per_address():,} connections to one "
-                 "address (75% of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which every process "
-                 "shares; past that connect() burns CPU searching for a free port, then fails)")
+                 f"address ({PORT_FILL:.0%} of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which "
+                 "every process shares; past that connect() burns CPU searching for a free port, then fails)")
     for note in notes:
         echo(note)
     echo(table_head())
