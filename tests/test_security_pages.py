@@ -14,6 +14,7 @@ hidden test name stands in for a run's rollouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -279,8 +280,16 @@ def test_a_scheduler_started_apart_makes_the_token_the_driver_prints_it(tmp_path
         while not scheduler_file.exists():
             assert scheduler.poll() is None and time.monotonic() < deadline, (tmp_path / "scheduler.log").read_text()
             time.sleep(0.2)
-        port = json.loads(scheduler_file.read_text())["services"]["dashboard"]
+        # Dask writes the scheduler file (not atomically) before it runs the preloads: wait for both.
+        while True:
+            with contextlib.suppress(ValueError):
+                port = json.loads(scheduler_file.read_text())["services"]["dashboard"]
+                break
+            assert time.monotonic() < deadline, scheduler_file.read_text()
+            time.sleep(0.2)
         token_file = home / ".config" / "uni-agent" / "dashboard" / f"{os.uname().nodename}-{port}.token"
+        while not token_file.exists() and scheduler.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
         written = token_file.read_text() if token_file.exists() else "no token file"
         mode = stat.S_IMODE(token_file.stat().st_mode) if token_file.exists() else None
         refused = {path: _ask(port, path)[0] for path in ("/uni-agent", "/status", "/metrics", "/sitemap.json")}
