@@ -6,9 +6,9 @@ No timing targets here (a timed test flakes on a shared machine); the targets ar
 import json
 import math
 
+from uni_agent.bench.cpu_split import ROLES, split_line
 from uni_agent.bench.endpoint import MINI_SUBMIT, BenchPolicy
 from uni_agent.bench.main import BenchOptions, run_bench
-from uni_agent.bench.cpu_split import ROLES, split_line
 from uni_agent.bench.measure import FDS_PER_ROLLOUT_SIMULATED, fds_needed, fewest_processes, ideal_makespan
 
 
@@ -129,16 +129,32 @@ def test_cpu_split_counts_a_workers_descendants_as_sandboxes():
     assert split.machine_s >= seconds["sandboxes"] - 0.05
 
 
+def test_connect_cost_times_connections_held_to_one_address():
+    """python -m uni_agent.bench.connect_cost: each step's connections stay open (the range fills step by step) and
+    the CPU per connect() is a measured figure; the open-file limit is back as it was afterwards."""
+    import resource
+
+    from uni_agent.bench.connect_cost import connect_costs
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    rows = connect_costs(step=500, limit=1500)
+    assert [held for held, _ in rows] == [500, 1000, 1500], rows
+    assert all(0 < micros < 1e5 for _, micros in rows), rows
+    assert resource.getrlimit(resource.RLIMIT_NOFILE) == limits
+
+
 def test_the_simulated_endpoint_spreads_over_loopback_addresses_past_the_ports_of_one():
-    """One address holds at most 75% of the kernel's ephemeral ports in connections from this host: past that the
-    endpoint listens on more loopback addresses, and every one of them answers."""
+    """One address holds at most 45% of the kernel's ephemeral ports in connections from this host (connect() walks
+    every odd port once half the range is used): past that the endpoint listens on more loopback addresses, and
+    every one of them answers."""
     import urllib.request
 
     from uni_agent.bench.endpoint_pool import EndpointPool
-    from uni_agent.bench.measure import connections_per_address, endpoint_addresses
+    from uni_agent.bench.measure import connections_per_address, endpoint_addresses, port_range
 
     per_address = connections_per_address()
-    assert 1000 < per_address < 65536
+    low, high = port_range()
+    assert 1000 < per_address < (high - low + 1) / 2  # under the odd half, where each connect() stays cheap
     assert endpoint_addresses(per_address) == 1 and endpoint_addresses(per_address + 1) == 2
     with EndpointPool(1, 0.01, 1, "ls", addresses=2) as endpoint:
         urls = endpoint.base_url.split(",")

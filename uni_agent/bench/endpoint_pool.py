@@ -6,8 +6,8 @@ Each process answers POST .../chat/completions after `delay_s` with the benchmar
 `turns` execute_bash calls, then submit) and GET .../models; keep-alive connections, as vLLM offers them. The kernel
 spreads new connections over the processes (SO_REUSEPORT). With `addresses` > 1 every process listens on
 127.0.0.1, 127.0.0.2, ... (all of 127/8 is this host's) at the same port and `base_url` names them all, comma-separated,
-as replicas: one address takes at most the kernel's ephemeral ports' worth of connections (bench/measure.py,
-connections_per_address). It speaks only the small part of HTTP/1.1 that the
+as replicas: one address takes at most 45% of the kernel's ephemeral ports in connections, below the point where
+each connect() starts searching the whole range (bench/measure.py, connections_per_address). It speaks only the small part of HTTP/1.1 that the
 OpenAI clients use (Content-Length bodies, no chunked requests): a latency-controlled stand-in, not a server.
 
     python -m uni_agent.bench.endpoint_pool --port P --hosts 127.0.0.1,127.0.0.2 --delay-s 20 --turns 4 --command ls

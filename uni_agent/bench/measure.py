@@ -159,17 +159,27 @@ def ensure_limits(concurrency: int, workers: int, endpoint_processes: int = 1,
 
 
 PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-PORT_FILL = 0.75  # connect() searches the range for a free port: past about this fill it burns the CPU it finds it with
+# connect() takes the range's odd ports first and an even one only when every odd port is in use: past half the range
+# each connect() walks all the odd ports (python -m uni_agent.bench.connect_cost: 19-41 us a connect() up to 46% of
+# the range on the 2-core VM, 600-760 us from 53% on; at 100,000 in flight to one address the workers spent 57% of
+# their CPU there). One address takes at most this share, just under the cliff.
+PORT_FILL = 0.45
 
 
-def connections_per_address() -> int:
-    """How many connections this host can hold open to one address and port: each takes a local port from the
-    kernel's ephemeral range (28,232 by default), shared by every process here. At 100,000 in flight to one address
-    the workers spent 57% of their CPU in connect() searching the full range, and the rest failed and retried."""
+def port_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last), shared by every process on this host."""
     try:
         low, high = (int(x) for x in Path(PORT_RANGE).read_text().split())
     except (OSError, ValueError):
         low, high = 32768, 60999  # Linux's default
+    return low, high
+
+
+def connections_per_address() -> int:
+    """How many connections this host holds open to one address and port before connect() gets expensive: each
+    takes a local port from the kernel's ephemeral range (28,232 by default), and past half of it every new one
+    searches the whole odd half first (PORT_FILL)."""
+    low, high = port_range()
     return int((high - low + 1) * PORT_FILL)
 
 

@@ -291,7 +291,8 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     notes.append(f"endpoint addresses: {endpoint_addresses(most)} at {most:,} in flight (127.0.0.1, .2, ..., given "
                  f"to the run as replicas): this host holds at most {connections_per_address():,} connections to one "
                  f"address ({PORT_FILL:.0%} of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which "
-                 "every process shares; past that connect() burns CPU searching for a free port, then fails)")
+                 "every process shares; past half of them each connect() searches every odd port first: python -m "
+                 "uni_agent.bench.connect_cost)")
     for note in notes:
         echo(note)
     echo(table_head())
