@@ -56,6 +56,16 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
+def port_fill(tree: Path) -> float:
+    """The share of the ephemeral ports one endpoint address took in `tree`'s simulation (bench/measure.py's
+    PORT_FILL), so that `--simulate --baseline` lays the endpoint out as that tree's bench did; 1.0 for a tree from
+    before it spread the endpoint over addresses (one address for up to the whole range)."""
+    code = "from uni_agent.bench.measure import PORT_FILL; print(PORT_FILL)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=_env(tree), text=True, capture_output=True,
+                          timeout=120)
+    return float(done.stdout) if done.returncode == 0 else 1.0
+
+
 def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, sandboxes: int) -> dict[str, Any]:
     """sandbox_rtt.py's figures with `uni_agent` imported from `tree`."""
     argv = [sys.executable, str(SANDBOX_RTT), "--backend", backend, "--commands", str(commands),

@@ -275,7 +275,7 @@ def simulate(args: argparse.Namespace) -> int:
         with baseline.worktree(args.baseline) as tree:
             old = dataclasses.replace(options, extra_env={"PYTHONPATH": baseline._env(tree)["PYTHONPATH"]}, cwd=tree,
                                       out_dir=options.out_dir / "before" if options.out_dir else None, faults=False,
-                                      faults_only=False)
+                                      faults_only=False, port_fill=baseline.port_fill(tree))
             before = run_simulation(old, echo=echo)
         echo("now:")
     report = run_simulation(options, echo=echo)

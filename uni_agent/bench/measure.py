@@ -175,17 +175,17 @@ def port_range() -> tuple[int, int]:
     return low, high
 
 
-def connections_per_address() -> int:
+def connections_per_address(fill: float = PORT_FILL) -> int:
     """How many connections this host holds open to one address and port before connect() gets expensive: each
     takes a local port from the kernel's ephemeral range (28,232 by default), and past half of it every new one
     searches the whole odd half first (PORT_FILL)."""
     low, high = port_range()
-    return int((high - low + 1) * PORT_FILL)
+    return int((high - low + 1) * fill)
 
 
-def endpoint_addresses(in_flight: int) -> int:
+def endpoint_addresses(in_flight: int, fill: float = PORT_FILL) -> int:
     """Loopback addresses (127.0.0.1, .2, ...) the simulated endpoint listens on, so its connections fit the ports."""
-    return max(1, -(-in_flight // connections_per_address()))
+    return max(1, -(-in_flight // connections_per_address(fill)))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -66,6 +66,9 @@ class SimOptions:
     json_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for the scheduler, workers and driver
     cwd: Path | None = None  # theirs (`--baseline`: the earlier tree, so that `python -m` imports it first)
+    # the share of the ephemeral ports one endpoint address takes (measure.PORT_FILL): `--baseline` lays the endpoint
+    # out as the earlier tree's bench did (baseline.port_fill)
+    port_fill: float = PORT_FILL
 
 
 def ideal_makespan(options: SimOptions) -> float:
@@ -127,7 +130,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
     data, config, rollouts = write_inputs(out, options, in_flight)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
     row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers}
-    addresses = endpoint_addresses(in_flight)
+    addresses = endpoint_addresses(in_flight, options.port_fill)
     row["endpoint_addresses"] = addresses
     with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND, addresses) as endpoint, \
             ProcessCluster(options.workers, out / "cluster", env, options.cwd) as cluster, \
@@ -288,9 +291,10 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
          "MiB = peak RSS; events/s = uni-agent events folded by the scheduler / makespan; page = state.json built "
          "in the scheduler (max over probes every 5 s); pq = Parquet bytes written / makespan")
     most = max(options.in_flight)
-    notes.append(f"endpoint addresses: {endpoint_addresses(most)} at {most:,} in flight (127.0.0.1, .2, ..., given "
-                 f"to the run as replicas): this host holds at most {connections_per_address():,} connections to one "
-                 f"address ({PORT_FILL:.0%} of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which "
+    fill = options.port_fill
+    notes.append(f"endpoint addresses: {endpoint_addresses(most, fill)} at {most:,} in flight (127.0.0.1, .2, ..., "
+                 f"given to the run as replicas): one address takes at most {connections_per_address(fill):,} "
+                 f"connections from this host ({fill:.0%} of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which "
                  "every process shares; past half of them each connect() searches every odd port first: python -m "
                  "uni_agent.bench.connect_cost)")
     for note in notes:
