@@ -294,9 +294,9 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
     fill = options.port_fill
     notes.append(f"endpoint addresses: {endpoint_addresses(most, fill)} at {most:,} in flight (127.0.0.1, .2, ..., "
                  f"given to the run as replicas): one address takes at most {connections_per_address(fill):,} "
-                 f"connections from this host ({fill:.0%} of the kernel's ephemeral ports, net.ipv4.ip_local_port_range, which "
-                 "every process shares; past half of them each connect() searches every odd port first: python -m "
-                 "uni_agent.bench.connect_cost)")
+                 f"connections from this host ({fill:.0%} of the kernel's ephemeral ports, "
+                 "net.ipv4.ip_local_port_range, which every process shares; past half of them each connect() searches "
+                 "every odd port first: python -m uni_agent.bench.connect_cost)")
     for note in notes:
         echo(note)
     echo(table_head())
