@@ -157,7 +157,7 @@ def test_with_no_restart_budget_the_lost_engine_ends_the_run_naming_it(tmp_path,
     local, client = cluster
     out = tmp_path / "out"
     # after=3, as above: the engine's first answer can be the run's start-up call (the first wave's shared prompt),
-    # made before the engine watch runs; a worker lost then hung the run for good (CI, 2026-12-04: issue filed)
+    # made before the engine watch runs; a worker lost then hung the run for good (CI, 2026-12-04; issue 40's note)
     killer = WorkerKiller(local, out / "logs" / "engine-0.log", after=3)
     killer.cluster_client = client
     killer.start()
