@@ -87,7 +87,9 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                     print(f"engine: {engines.model_name} at {', '.join(engines.urls)}", file=sys.stderr)
                     policy = DispatchPolicy(settings.agent_workers or len(workers), settings.worker_wait_timeout)
                     session.dispatcher = Dispatcher(client, pool, policy, store, settings, session.placement)
-                    await _start_agent_workers(session, first_spec)
+                    # under the engine watch already: an engine's worker lost while the agent workers start is
+                    # placed again, or ends the run (EngineFailed), instead of leaving a start-up call waiting on it
+                    await engines.guard(_start_agent_workers(session, first_spec))
                     session.engine_versions = await versions
                     yield session
                 finally:

@@ -24,6 +24,7 @@ import asyncio
 import importlib.util
 import os
 import shutil
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,9 @@ class LlamaServer(ServerActor):
 
     BUSY_METRIC = "llamacpp:requests_processing"
     API_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key's variable
+    # One process with no children, and its SIGTERM exit can hang with a request open (seen when its worker was
+    # killed during the shared prompt's slot copies: the driver then waited on that connection for 600 s)
+    DEATH_SIGNAL = signal.SIGKILL
 
     def __init__(self, model_path: str, model_name: str, *, variant: str, slots: int, context_length: int,
                  threads: int, log_path: str, cuda_visible_devices: str | None = None, restart_on_crash: bool = True,

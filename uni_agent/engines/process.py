@@ -10,12 +10,15 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _die_with_parent(death_signal: int) -> Callable[[], None]:
+    def set_death_signal() -> None:  # runs in the child, between fork and exec
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG
+    return set_death_signal
 
 
 LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
@@ -49,13 +52,15 @@ def worker_host() -> str:
         return "127.0.0.1"
 
 
-async def launch(command: list[str], log_path: str, env: dict[str, str]) -> asyncio.subprocess.Process:
-    """`command` as a child of this worker, in its own session, its output appended to `log_path`."""
+async def launch(command: list[str], log_path: str, env: dict[str, str],
+                 death_signal: int = signal.SIGTERM) -> asyncio.subprocess.Process:
+    """`command` as a child of this worker, in its own session, its output appended to `log_path`; when the worker
+    dies the kernel sends it `death_signal`, and no one is left to follow that up (see ServerActor.DEATH_SIGNAL)."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:  # the child keeps its own copy of the descriptor
         return await asyncio.create_subprocess_exec(
-            *command, stdout=log_file, stderr=log_file, preexec_fn=_die_with_parent, env={**os.environ, **env},
-            start_new_session=True)
+            *command, stdout=log_file, stderr=log_file, preexec_fn=_die_with_parent(death_signal),
+            env={**os.environ, **env}, start_new_session=True)
 
 
 async def terminate(proc: asyncio.subprocess.Process | None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 from collections import deque
 from pathlib import Path
@@ -50,6 +51,10 @@ class ServerActor:
     BUSY_METRIC: str | None = None
     PREFLIGHT = True
     API_KEY_ENV: str | None = None  # the environment variable the server reads its API key from
+    # What the server gets from the kernel when its worker dies (PR_SET_PDEATHSIG). SIGTERM lets a server that has
+    # children of its own stop them; a server that may hang in its graceful exit should get SIGKILL, since nothing
+    # is left to send it one later (its clients would wait on its open connections).
+    DEATH_SIGNAL = signal.SIGTERM
 
     def __init__(self, name: str, log_path: str, env: dict[str, str] | None = None, *,
                  restart_on_crash: bool = True, max_restarts: int = 3, restart_window: float = 3600.0,
@@ -118,7 +123,7 @@ class ServerActor:
         return httpx.AsyncClient(timeout=timeout, headers=headers)
 
     async def _launch(self, port: int) -> asyncio.subprocess.Process:
-        return await launch(self.command(str(self._host), port), self.log_path, self.child_env())
+        return await launch(self.command(str(self._host), port), self.log_path, self.child_env(), self.DEATH_SIGNAL)
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, timeout: float, port: int | None = None) -> None:
         url = f"http://{self._host}:{port or self._port}/v1"
