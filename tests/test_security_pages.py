@@ -353,3 +353,37 @@ def test_refused_connections_reach_the_run_log_not_the_console_and_cannot_fill_i
                if '"connection_refused"' in line]
     assert len(refused) == logs.REFUSED_PER_MINUTE, len(refused)
     assert "tls://127.0.0.1:40000" in refused[0]["detail"] and refused[-1]["refused_so_far"] == logs.REFUSED_PER_MINUTE
+
+
+# A scheduler constructed, not yet started: Dask's HTTP server listens from the constructor on, its preloads run at
+# the start (after its comm listener and services). Prints the status of /health asked in between.
+BEFORE_THE_PRELOADS = """
+import asyncio, sys
+from distributed import Scheduler
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+async def main():
+    scheduler = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0", preload=sys.argv[1:])
+    try:
+        url = f"http://127.0.0.1:{scheduler.http_server.port}/health"
+        try:
+            print((await AsyncHTTPClient().fetch(url)).code)
+        except HTTPClientError as exc:
+            print(exc.code)
+    finally:
+        await scheduler.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("preload, expected", [(["uni_agent.scheduler_preload"], "403"), ([], "200")],
+                         ids=["with-the-preload", "plain-dask"])
+def test_the_pages_are_refused_from_the_http_servers_start_not_from_the_preloads(tmp_path, preload, expected):
+    """The preload's guard goes in as the scheduler's HTTP server starts: a stranger polling the port while the
+    scheduler starts gets no page in the moment before the preloads run (plain Dask, the control, answers there)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    done = subprocess.run([sys.executable, "-c", BEFORE_THE_PRELOADS, *preload], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HOME": str(home)})
+    assert done.stdout.strip() == expected, (done.stdout, done.stderr[-2000:])

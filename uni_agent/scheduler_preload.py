@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dashboard.guard import guard_pages
+from .dashboard.guard import guard_from_the_http_start, guard_pages
 from .dashboard.plugin import dask_setup as install_dashboard
 from .engines.placement import GpuLeases
+
+# Imported by the scheduler's constructor before it starts its HTTP server: the pages are guarded from that start,
+# not only from dask_setup (which Dask runs later, once the scheduler starts).
+guard_from_the_http_start(__name__)
 
 
 def dask_setup(scheduler: Any) -> None:

@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import socket
+import weakref
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -105,13 +106,38 @@ class PageGuard(SchedulerPlugin):
 
 
 def guard_pages(scheduler: Any) -> PageGuard:
-    """The scheduler's PageGuard, installed now when it has none."""
+    """The scheduler's PageGuard, installed now when it has none (the one its HTTP server's start put in, if any)."""
     guard = scheduler.plugins.get(PageGuard.name)
     if guard is None:
-        guard = PageGuard()
+        guard = _guarded_at_http_start.pop(scheduler, None) or PageGuard()
         scheduler.add_plugin(guard, name=PageGuard.name)
     guard.install(scheduler)
     return guard
+
+
+# Schedulers whose pages were guarded as their HTTP server started, until their preload registers the guard.
+_guarded_at_http_start: weakref.WeakKeyDictionary[Any, PageGuard] = weakref.WeakKeyDictionary()
+
+
+def guard_from_the_http_start(preload: str) -> None:
+    """From now on, in this process, a scheduler that preloads `preload` guards its pages as its HTTP server starts.
+    Dask starts that server in the scheduler's constructor and runs the preloads only at its start, after its comm
+    listener: in between, pages were answered to anyone (shown by tests/test_security_pages.py). The constructor
+    imports the preloads first, so the module named `preload` calls this at its import, in time."""
+    from distributed import Scheduler
+
+    if getattr(Scheduler.start_http_server, "guards_preload", None) == preload:
+        return
+    start_http_server = Scheduler.start_http_server
+
+    def guarded_start_http_server(self: Any, *args: Any, **kwargs: Any) -> None:
+        start_http_server(self, *args, **kwargs)
+        if any(getattr(p, "name", None) == preload for p in getattr(self, "preloads", ())):
+            guard = _guarded_at_http_start[self] = PageGuard()
+            guard.install(self)
+
+    guarded_start_http_server.guards_preload = preload  # type: ignore[attr-defined]
+    Scheduler.start_http_server = guarded_start_http_server  # only Scheduler's: workers and nannies keep Dask's
 
 
 def page_token(dask_scheduler: Any) -> str:
