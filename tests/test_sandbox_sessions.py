@@ -24,7 +24,7 @@ from test_sandbox_local import is_supervisor, processes_with, wait_until_gone
 from uni_agent.sandbox import Sandbox, SandboxError
 from uni_agent.sandbox.container import ContainerDeploymentConfig
 from uni_agent.sandbox.local import LocalDeploymentConfig
-from uni_agent.sandbox.supervisor import CAPTURE_LIMIT_BYTES
+from uni_agent.sandbox.supervisor import CAPTURE_LIMIT_BYTES, SPARE_SHELL_DELAY_S
 
 T = TypeVar("T")
 BACKENDS = ["local", "podman"]
@@ -130,6 +130,30 @@ def test_a_command_starts_as_from_a_plain_shell(open_sandbox: Callable[..., Sand
     group, sid, pid = first.split()
     assert group == pid, first  # the shell leads its own group (so a timeout kills its group, nothing else)
     assert sid != pid and second.split()[1] == sid, (first, second)  # no session of its own: the sandbox's
+
+
+def test_the_next_commands_shell_starts_half_a_second_after_a_command_not_in_its_burst(
+        open_sandbox: Callable[..., Sandbox]) -> None:
+    """The shell of the next command is started ahead, but SPARE_SHELL_DELAY_S after a command ends, not at once: the
+    commands of a wave end together, and their next shells competed with the commands still running. A command that
+    comes sooner starts its own shell. Times in seconds since boot, as the sandbox reads them (/proc)."""
+    # this command's shell's start (/proc/$$/stat, field 22, in clock ticks) and the time now
+    times = "read -r -a stat < /proc/$$/stat; read -r now _ < /proc/uptime; echo ${stat[21]} $now"
+    tick = os.sysconf("SC_CLK_TCK")
+
+    async def body(box: Sandbox) -> list[tuple[float, float]]:
+        seen = []
+        for pause in (0, 0.2, 2.0):  # before the next command: sooner than the delay, then later
+            await asyncio.sleep(pause)
+            started, now = (await box.exec(times, 10)).stdout.split()
+            seen.append((int(started) / tick, float(now)))
+        return seen
+
+    (_, first_end), (soon_start, soon_end), (later_start, _) = with_box(open_sandbox, body)
+    # sent 0.2 s after the first ended: its shell started then, when it came (ticks round down: 0.01 s)
+    assert soon_start - first_end >= 0.18, (first_end, soon_start)
+    # sent 2 s after the second ended: its shell had been started ahead, the delay after that command's end
+    assert SPARE_SHELL_DELAY_S - 0.02 <= later_start - soon_end < 1.5, (soon_end, later_start)
 
 
 def test_a_timeout_kills_only_its_own_command(open_sandbox: Callable[..., Sandbox]) -> None:

@@ -49,14 +49,19 @@ except ImportError:
 CAPTURE_LIMIT_BYTES = 4 * 1024 * 1024  # per stream; the rest is counted, not kept (a `yes` must not eat memory)
 READ_CHUNK = 65536
 STATE_MARKER = "# uni-agent state end"
+# Not at once: the commands of a wave end together (their model replies came together), and a shell started right
+# away (~1.3 ms of CPU) would compete with the others' commands still running. Half a second later the burst is over,
+# and the model's next reply, which the next command waits for, usually is not there yet; a command that comes sooner
+# starts its own shell.
+SPARE_SHELL_DELAY_S = 0.5
 NOT_STATE = ("PWD", "OLDPWD", "SHLVL", "_")  # the shell's own bookkeeping, not the sandbox's environment
 
-# One shell per command, started ahead of time: right after the previous command ends, the next shell is started and
-# restores that command's state (working directory, exported variables), then waits on its control pipe. When the
-# command arrives it reads "go" or "merge" there (merge: stderr into stdout), sets the trap that saves the state on
-# exit (also after `exit N`), and runs the command file. A shell never used (the state changed under it) reads end
-# of file and exits without saving. The save goes to state.sh.new, checked for the end marker by the supervisor
-# before it replaces state.sh, so a shell killed halfway through its save never leaves a broken state behind.
+# One shell per command, started ahead of time: SPARE_SHELL_DELAY_S after the previous command ends, the next shell
+# is started and restores that command's state (working directory, exported variables), then waits on its control
+# pipe. When the command arrives it reads "go" or "merge" there (merge: stderr into stdout), sets the trap that saves
+# the state on exit (also after `exit N`), and runs the command file. A shell never used (the state changed under it)
+# reads end of file and exits without saving. The save goes to state.sh.new, checked for the end marker by the
+# supervisor before it replaces state.sh, so a shell killed halfway through its save never leaves a broken state.
 RUN_SCRIPT = r"""__ua_state=$UA_STATE; __ua_ctl=$UA_CTL; unset UA_STATE UA_CTL
 [ -f "$__ua_state/state.sh" ] && source "$__ua_state/state.sh" 2>/dev/null
 __ua_save_state() {
@@ -203,6 +208,7 @@ class Supervisor:
         self.inbox = bytearray()
         self.current = None
         self.spare = None  # the next command's shell, started ahead
+        self.spare_due = None  # when to start it (monotonic), once a command has ended
         self.children = {}  # pid -> Popen of every shell not yet reaped
         self.groups = set()  # every command's process group, killed when the supervisor ends
         self.relay = None  # the Relay, once the host asks for one
@@ -229,7 +235,8 @@ class Supervisor:
         self.send("ready %d %d.%d.%d" % ((os.getpid(),) + tuple(sys.version_info[:3])))
         try:
             while True:
-                deadlines = [t for t in (self.end_of_life, self.current and self.current.deadline) if t]
+                deadlines = [t for t in (self.end_of_life, self.current and self.current.deadline, self.spare_due)
+                             if t]
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 if self.end_of_life is not None and time.monotonic() >= self.end_of_life:
                     sys.stderr.write("uni-agent supervisor: the sandbox's lifetime is over\n")
@@ -250,6 +257,7 @@ class Supervisor:
                     else:
                         self.read_output(key.fileobj, kind, command)
                 self.check_current()
+                self.start_spare_when_due()
         finally:
             for group in self.groups:
                 self.kill_group(group)
@@ -353,7 +361,7 @@ class Supervisor:
 
     def hand_over(self, go):
         """Give the command to the shell started ahead (or a new one, if that one is gone) and return it."""
-        shell, self.spare = self.spare, None
+        shell, self.spare, self.spare_due = self.spare, None, None
         for _ in range(2):
             if shell is None:
                 shell = self.start_shell()
@@ -467,10 +475,17 @@ class Supervisor:
         if not (command.timed_out or command.cancelled):
             self.keep_state()
         self.send_result(command)
-        try:
-            self.spare = self.start_shell()
-        except OSError:
-            self.spare = None  # the next command tries again
+        self.spare_due = time.monotonic() + SPARE_SHELL_DELAY_S
+
+    def start_spare_when_due(self):
+        if self.spare_due is None or time.monotonic() < self.spare_due:
+            return
+        self.spare_due = None
+        if self.spare is None and self.current is None:
+            try:
+                self.spare = self.start_shell()
+            except OSError:
+                self.spare = None  # the next command tries again
 
     def keep_state(self):
         new = os.path.join(self.state_dir, "state.sh.new")
