@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_sandbox_local import wait_until_gone
 
 from uni_agent.engines.llama_cpp import LlamaServer
 from uni_agent.engines.vllm import VllmServer
@@ -34,14 +35,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
 def _server_after_its_worker_is_killed(tmp_path: Path, death_signal: int) -> bool:
     """Whether the server is still alive 5 s after its worker was killed -9."""
     log = tmp_path / f"server-{death_signal}.log"
@@ -54,10 +47,7 @@ def _server_after_its_worker_is_killed(tmp_path: Path, death_signal: int) -> boo
             time.sleep(0.05)
         worker.kill()
         worker.wait()
-        deadline = time.monotonic() + 5
-        while _alive(server) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return _alive(server)
+        return bool(wait_until_gone([server], timeout=5))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server, signal.SIGKILL)
