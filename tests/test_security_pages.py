@@ -356,20 +356,29 @@ def test_refused_connections_reach_the_run_log_not_the_console_and_cannot_fill_i
 
 
 # A scheduler constructed, not yet started: Dask's HTTP server listens from the constructor on, its preloads run at
-# the start (after its comm listener and services). Prints the status of /health asked in between.
+# the start (after its comm listener and services). Prints the status of /health asked in between, then that of
+# /health asked once the scheduler's plugins have closed, as its close does before it stops the HTTP server.
 BEFORE_THE_PRELOADS = """
 import asyncio, sys
 from distributed import Scheduler
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+async def status(url):
+    try:
+        return (await AsyncHTTPClient().fetch(url)).code
+    except HTTPClientError as exc:
+        return exc.code
+
 async def main():
     scheduler = Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0", preload=sys.argv[1:])
+    url = f"http://127.0.0.1:{scheduler.http_server.port}/health"
     try:
-        url = f"http://127.0.0.1:{scheduler.http_server.port}/health"
-        try:
-            print((await AsyncHTTPClient().fetch(url)).code)
-        except HTTPClientError as exc:
-            print(exc.code)
+        print(await status(url))
+        await scheduler  # started: the preloads have run
+        # Dask's close runs the plugins' close before it stops the HTTP server: the pages asked in between
+        for plugin in list(scheduler.plugins.values()):
+            await plugin.close()
+        print(await status(url))
     finally:
         await scheduler.close()
 
@@ -377,11 +386,12 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("preload, expected", [(["uni_agent.scheduler_preload"], "403"), ([], "200")],
+@pytest.mark.parametrize("preload, expected", [(["uni_agent.scheduler_preload"], "403\n403"), ([], "200\n200")],
                          ids=["with-the-preload", "plain-dask"])
 def test_the_pages_are_refused_from_the_http_servers_start_not_from_the_preloads(tmp_path, preload, expected):
-    """The preload's guard goes in as the scheduler's HTTP server starts: a stranger polling the port while the
-    scheduler starts gets no page in the moment before the preloads run (plain Dask, the control, answers there)."""
+    """The preload's guard goes in as the scheduler's HTTP server starts and stays until the server stops: a
+    stranger polling the port while the scheduler starts, or while it closes, gets no page (plain Dask, the
+    control, answers at both moments)."""
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     done = subprocess.run([sys.executable, "-c", BEFORE_THE_PRELOADS, *preload], capture_output=True, text=True,

@@ -72,8 +72,8 @@ class PageGuard(SchedulerPlugin):
         self.token_file = _write_token_file(self.token, port)
 
     async def close(self) -> None:
-        if self._app is not None and self._app.__dict__.get("find_handler") == self.find_handler:
-            self._app.find_handler = self._route
+        # The guard stays in front of the routing: Dask closes the plugins before it stops the HTTP server, and the
+        # routing given back here served every page to anyone until then (found by a second user polling the port)
         if self.token_file is not None:
             with contextlib.suppress(OSError):
                 if self.token_file.read_text() == self.token:  # not a later scheduler's on the same port
