@@ -98,11 +98,13 @@ def _sampled_versions(row) -> list[int]:
 
 
 def _rescore(url: str, row, auth: dict[str, str], positions: int = 32) -> float:
-    """The median of |row logprob - the serving weights' logprob| over the first sampled tokens of `row`, re-scored
+    """The mean of |row logprob - the serving weights' logprob| over the first sampled tokens of `row`, re-scored
     on the server (the prefix as the engine saw it, one token predicted, its top-100 logprobs before sampling). Not
     exactly 0 for the same weights: a prefix read as one batch is computed along another path than tokens decoded
-    one at a time (a few hundredths here), far below what new weights move (about 1 with scale 0.2). 32 positions:
-    the first dozen are mostly tool-call syntax, which new weights move least (a median of 0.19 against 0.065 was seen)."""
+    one at a time (means 0.03-0.08 in 15 rows here, single tokens up to 0.36). New weights (scale 0.2) move most
+    tokens little and some by 2-5 (means 0.75-1.2). The mean, not the median: about half of the first tokens are
+    tool-call syntax that new weights hardly move, so the median of new-weight rows fell to 0.17 (CI failed on a
+    0.165 against a same-weights median of 0.062)."""
     root = url.removesuffix("/v1")
     sampled = [i for i, v in enumerate(row.token_versions) if v >= 0 and not math.isnan(row.logprobs[i])]
     diffs = []
@@ -113,7 +115,7 @@ def _rescore(url: str, row, auth: dict[str, str], positions: int = 32) -> float:
         if row.input_ids[i] in top:  # a token the grammar forced may lie outside the model's top 100
             diffs.append(abs(top[row.input_ids[i]] - row.logprobs[i]))
     assert len(diffs) >= 3, f"too few sampled tokens could be re-scored: {diffs}"
-    return statistics.median(diffs)
+    return statistics.fmean(diffs)
 
 
 def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, service, weights, rows):
@@ -136,7 +138,8 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
     new_on_new = [_rescore(url, r, _auth(service)) for r in after if not r.token_drift]
     old_on_new = [_rescore(url, r, _auth(service)) for r in before if not r.token_drift]
     assert old_on_old and new_on_new and max(old_on_old + new_on_new) < 0.15, (old_on_old, new_on_new)
-    assert min(old_on_new) > 3 * max(new_on_new), f"old tokens match the new weights as well: {old_on_new}"
+    same_weights = old_on_old + new_on_new
+    assert min(old_on_new) > 3 * max(same_weights), f"old tokens match the new weights as well: {old_on_new} {same_weights}"
 
     stats = loop.run(service.stats())
     assert set(stats["tokens_per_version"]) == {0, 1} and stats["rollouts_per_version"] == {0: 2, 1: 2}
