@@ -139,7 +139,7 @@ def test_tokens_after_an_update_carry_the_new_version_and_its_logprobs(loop, ser
     old_on_new = [_rescore(url, r, _auth(service)) for r in before if not r.token_drift]
     assert old_on_old and new_on_new and max(old_on_old + new_on_new) < 0.15, (old_on_old, new_on_new)
     same_weights = old_on_old + new_on_new
-    assert min(old_on_new) > 3 * max(same_weights), f"old tokens match the new weights as well: {old_on_new} {same_weights}"
+    assert min(old_on_new) > 3 * max(same_weights), f"old tokens match the new weights too: {old_on_new} {same_weights}"
 
     stats = loop.run(service.stats())
     assert set(stats["tokens_per_version"]) == {0, 1} and stats["rollouts_per_version"] == {0: 2, 1: 2}
