@@ -92,9 +92,13 @@ def sandbox_processes(args: argparse.Namespace) -> int:
 
 def worker_prologue(python: str) -> list[str]:
     """The job script's lines before `dask worker`: private files, and the checked private local directory of this
-    node (Dask puts it on the workers' sys.path), or the job stops with the reason in its log."""
+    node (Dask puts it on the workers' sys.path), or the job stops with the reason in its log; Dask's profiler off
+    unless this launcher keeps it (uni_agent.dask_profiler)."""
+    from uni_agent.dask_profiler import dask_config
+
+    profiler = [] if not dask_config() else ["export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"]
     return ["umask 077",
-            f'UNI_AGENT_DASK_DIR="$({shlex.quote(python)} -m uni_agent.private_dirs)" || exit 2']
+            f'UNI_AGENT_DASK_DIR="$({shlex.quote(python)} -m uni_agent.private_dirs)" || exit 2', *profiler]
 
 
 def job_options(args: argparse.Namespace, *, gpu: bool) -> dict[str, Any]:
@@ -173,6 +177,7 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     from dask_jobqueue.slurm import SLURMJob
     from distributed import Scheduler
 
+    from uni_agent.dask_profiler import dask_config
     from uni_agent.driver.tls import credentials_dir, file_security, write_credentials
     from uni_agent.private_dirs import dask_dir
 
@@ -198,7 +203,7 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     if not args.no_check and refused(make_jobs("tls://scheduler:0")):  # before anything starts
         print("nothing submitted (--no-check submits anyway)", file=sys.stderr)
         return 2
-    with dask.config.set({"temporary-directory": str(local)}):
+    with dask.config.set({"temporary-directory": str(local), **dask_config()}):
         async with Scheduler(host=args.host, port=args.port, interface=args.interface, protocol="tls",
                              security=security, dashboard_address=f"{args.dashboard_host}:{args.dashboard_port}",
                              preload=["uni_agent.scheduler_preload"]) as scheduler:

@@ -86,10 +86,15 @@ def cluster(tmp_path_factory):
                 return [m for m in MODULES if m in sys.modules]
 
             preloaded = client.run(rollout_modules_imported)
+
+            def profile_callbacks(dask_worker) -> list[str]:
+                return [name for name in ("profile", "profile-cycle") if name in dask_worker.periodic_callbacks]
+
+            profiling = client.run(profile_callbacks)
             yield {"client": client, "scheduler_file": scheduler_file, "tls": tls, "security": security,
                    "records": records, "logs": logs,
                    "gpu": by_name["gpu-worker"], "sandbox": by_name["sandbox-worker"],
-                   "gpu_pid": pids[by_name["gpu-worker"]], "preloaded": preloaded}
+                   "gpu_pid": pids[by_name["gpu-worker"]], "preloaded": preloaded, "profiling": profiling}
     finally:
         for proc, out in reversed(procs):
             proc.terminate()
@@ -108,6 +113,13 @@ def test_the_worker_preload_imports_the_rollout_modules_at_the_worker_s_start(cl
 
     assert cluster["preloaded"][cluster["sandbox"]] == list(MODULES)
     assert cluster["preloaded"][cluster["gpu"]] == []
+
+
+def test_the_worker_preload_stops_dasks_profiler_sampling_the_agents_event_loop(cluster):
+    """uni_agent.dask_profiler: the sandbox worker, preloaded, has no sampling callbacks; the GPU worker, started
+    without the preload (nor the job scripts' environment), keeps Dask's."""
+    assert cluster["profiling"][cluster["sandbox"]] == []
+    assert cluster["profiling"][cluster["gpu"]] == ["profile", "profile-cycle"]
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_MODEL", "UNI_AGENT_PROMPT", "UNI_AGENT_PROMPT_FILE", "UNI_AGENT_MESSAGES_FILE", "UNI_AGENT_WORKDIR",
     "UNI_AGENT_MAX_CALLS",
     "UNI_AGENT_DRIVER_STOPS_WORKER",  # uni_agent.worker_preload: a LocalCluster's worker leaves SIGINT to the driver
+    "UNI_AGENT_DASK_PROFILER",  # uni_agent.dask_profiler: 1 keeps Dask's statistical profiler on
 })
 
 

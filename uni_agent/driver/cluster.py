@@ -22,6 +22,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
+from ..dask_profiler import dask_config
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
 from .interrupt import DRIVER_STOPS_ME
@@ -54,7 +55,8 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
     async with contextlib.AsyncExitStack() as stack:
         # Every Dask server of the run (the scheduler in this process, the nannies, the workers) puts its scratch dir
         # on sys.path, and Dask's default (/tmp/dask-scratch-space) may be another user's: ours, 0700, instead.
-        stack.enter_context(dask.config.set({"temporary-directory": str(dask_dir())}))
+        # Dask's profiler off (uni_agent.dask_profiler): the nannies pass this config to the workers.
+        stack.enter_context(dask.config.set({"temporary-directory": str(dask_dir()), **dask_config()}))
         # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
         cluster = await stack.enter_async_context(LocalCluster(
             n_workers=local_worker_count(settings), threads_per_worker=settings.threads_per_worker, processes=True,
