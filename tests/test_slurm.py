@@ -129,6 +129,9 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
         preloaded = client.run(lambda: "uni_agent.episode.worker" in __import__("sys").modules)
         names = {addr: w["name"] for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
         assert {names[a].split("-")[0]: v for a, v in preloaded.items()} == {"gpu": False, "sandbox": True}
+        # Dask's profiler off from the job scripts' environment: the GPU worker has no preload to drop its callbacks
+        sampling = client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+        assert {names[a].split("-")[0]: v for a, v in sampling.items()} == {"gpu": False, "sandbox": False}
         token = client.run_on_scheduler(page_token)  # the preload's: the scheduler's pages need it
     base, bearer = f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}", {"Authorization": f"Bearer {token}"}
     health = urllib.request.urlopen(urllib.request.Request(f"{base}/health", headers=bearer), timeout=10)
