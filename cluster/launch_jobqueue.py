@@ -94,9 +94,9 @@ def worker_prologue(python: str) -> list[str]:
     """The job script's lines before `dask worker`: private files, and the checked private local directory of this
     node (Dask puts it on the workers' sys.path), or the job stops with the reason in its log; Dask's profiler off
     unless this launcher keeps it (uni_agent.dask_profiler)."""
-    from uni_agent.dask_profiler import profiler_kept
+    from uni_agent.dask_profiler import OFF_IN_ENVIRONMENT, profiler_kept
 
-    profiler = [] if profiler_kept() else ["export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"]
+    profiler = [] if profiler_kept() else [f"export {OFF_IN_ENVIRONMENT}"]
     return ["umask 077",
             f'UNI_AGENT_DASK_DIR="$({shlex.quote(python)} -m uni_agent.private_dirs)" || exit 2', *profiler]
 

@@ -88,7 +88,9 @@ def cluster(tmp_path_factory):
             preloaded = client.run(rollout_modules_imported)
 
             def profile_callbacks(dask_worker) -> list[str]:
-                return [name for name in ("profile", "profile-cycle") if name in dask_worker.periodic_callbacks]
+                from uni_agent.dask_profiler import PROFILE_CALLBACKS
+
+                return [name for name in PROFILE_CALLBACKS if name in dask_worker.periodic_callbacks]
 
             profiling = client.run(profile_callbacks)
             yield {"client": client, "scheduler_file": scheduler_file, "tls": tls, "security": security,

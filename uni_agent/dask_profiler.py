@@ -18,6 +18,7 @@ from typing import Any
 
 KEEP_PROFILER = "UNI_AGENT_DASK_PROFILER"
 PROFILE_CALLBACKS = ("profile", "profile-cycle")  # distributed.Worker.periodic_callbacks that sample and roll up
+OFF_IN_ENVIRONMENT = "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"  # for job scripts (cluster/*.sbatch say it too)
 
 
 def profiler_kept() -> bool:
