@@ -91,7 +91,9 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
                 echo(f"    a rollout's time past the ideal, mean / worst: {row['over_ideal_mean_s']:.2f} / "
                      f"{row['over_ideal_max_s']:.2f} s; of it the model calls' wait past their delay "
                      f"{row['model_late_mean_s']:.2f} / {row['model_late_max_s']:.2f} s, its commands "
-                     f"{row['commands_mean_s']:.2f} / {row['commands_max_s']:.2f} s")
+                     f"{row['commands_mean_s']:.2f} / {row['commands_max_s']:.2f} s; the sandbox's start past the "
+                     f"first call's delay (the most a first command waited for it), p95 "
+                     f"{row['start_past_first_call_p95_ms']:.0f} ms")
                 echo(f"    open files at peak: busiest worker {row['peak_fds_worker']} "
                      f"({row['peak_fds_worker'] / row['rollouts_per_worker']:.2f} per rollout in flight)")
                 show_errors(row, echo)

@@ -8,9 +8,10 @@ from typing import Any
 
 from .measure import cpus_line
 
-TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.9, 256
+TARGET_EFFICIENCY, TARGET_EFFICIENCY_AT = 0.95, 256  # issue 40 (issue 27 asked 0.9)
 TARGET_CPU_MS_PER_TURN = 2.0
-TARGET_START_P50_MS = 100.0
+TARGET_START_P50_MS = 100.0  # a start alone
+TARGET_START_P95_IN_WAVE_MS = 100.0  # issue 40: inside a wave, every rollout of which starts at once
 TARGET_FULL_COMPLETION_AT = 1024
 TARGET_PEER_RATIO = 2.0  # rollouts/min against mini-swe-agent's at TARGET_EFFICIENCY_AT (issue 27)
 
@@ -100,10 +101,13 @@ def target_lines(rows: list[dict[str, Any]], alone: dict[str, float]) -> list[st
     lines.append(f"  [{mark(alone['p50_ms'] < TARGET_START_P50_MS)}] local sandbox start p50 < {TARGET_START_P50_MS:g} ms, "
                  f"alone: {alone['p50_ms']:.0f} ms (p95 {alone['p95_ms']:.0f})")
     if ours:
-        worst = max(ours, key=lambda r: r["sandbox_start_p50_ms"])
-        lines.append(f"  [{mark(worst['sandbox_start_p50_ms'] < TARGET_START_P50_MS)}] local sandbox start p50 < "
-                     f"{TARGET_START_P50_MS:g} ms, inside the runs (all rollouts of a wave start at once): " + ", ".join(
-                         f"c{r['concurrency']}/{r['workers']}w {r['sandbox_start_p50_ms']:.0f}" for r in ours))
+        # The start overlaps the first model call, so the second figure is what a rollout's first command waited.
+        worst = max(ours, key=lambda r: r["sandbox_start_p95_ms"])
+        lines.append(f"  [{mark(worst['sandbox_start_p95_ms'] <= TARGET_START_P95_IN_WAVE_MS)}] local sandbox start p95 "
+                     f"<= {TARGET_START_P95_IN_WAVE_MS:g} ms inside the runs (all rollouts of a wave start at once; "
+                     "in brackets the p95 of the start past the first model call's delay): " + ", ".join(
+                         f"c{r['concurrency']}/{r['workers']}w {r['sandbox_start_p95_ms']:.0f} "
+                         f"({r['start_past_first_call_p95_ms']:.0f})" for r in ours))
     big = [r for r in ours if r["concurrency"] == TARGET_FULL_COMPLETION_AT]
     if big:
         ok = all(r["ok"] == r["rollouts"] for r in big)
