@@ -234,8 +234,10 @@ def sweep_point(system: str, base_url: str, *, concurrency: int, turns: int, rol
     """One run of `rollouts` rollouts at `concurrency` on one agent worker: rollouts/min and CPU per model call."""
     import logging
 
+    import dask
     from distributed import Client, LocalCluster
 
+    from ..driver.cluster import local_cluster_config, local_cluster_options
     from ..driver.run import run
     from ..sandbox.repo import prepare_base_repo, resolve_repo
     from .measure import Cpu, machine_cpu_seconds
@@ -245,8 +247,10 @@ def sweep_point(system: str, base_url: str, *, concurrency: int, turns: int, rol
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = bench_rows(out_dir.parent)
     prepare_base_repo(resolve_repo(f"bundled:{TASK}"))
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      resources={"SANDBOX": 4096}, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    # a run's cluster (TLS: a scheduler without it runs what any local user sends it, as this user), no pages
+    with dask.config.set(local_cluster_config()), \
+            LocalCluster(**local_cluster_options(1, 2, None), silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
         before_workers, before_driver, machine_before = client.run(cpu_now), cpu_now(), machine_cpu_seconds()
         started = time.monotonic()
         results = run(rows, agents, client=client, engine="external", base_url=base_url, model_name="scripted",

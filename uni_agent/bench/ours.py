@@ -52,10 +52,10 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
              out_dir: Path, profile_dir: Path | None = None, endpoint_pids: list[int] | None = None) -> dict[str, Any]:
     import threading
 
+    import dask
     from distributed import Client, LocalCluster
 
-    from ..driver.cluster import WORKER_PRELOAD
-    from ..driver.tls import local_security
+    from ..driver.cluster import local_cluster_config, local_cluster_options
     from ..driver.run import run
     from ..sandbox.local import prepare_base_repo, resolve_repo
 
@@ -63,9 +63,10 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = bench_rows(out_dir.parent)
     prepare_base_repo(resolve_repo(f"bundled:{TASK}"))  # the shared snapshot is built once per task, not measured
-    with LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", protocol="tls://", security=local_security(),  # as a run's
-                      resources={"SANDBOX": 4096}, preload=[WORKER_PRELOAD], silence_logs=logging.ERROR) as cluster, \
+    # A run's cluster (TLS, guarded pages, private scratch), with its dashboard on: what a run pays for it, the bench
+    # pays too; on a port of its own, beside a run's 8787.
+    with dask.config.set(local_cluster_config()), \
+            LocalCluster(**local_cluster_options(workers, 2, "127.0.0.1:0"), silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         worker_pids = list(client.run(os.getpid).values())
         pids = [os.getpid(), *worker_pids]

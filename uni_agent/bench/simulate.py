@@ -118,7 +118,9 @@ def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, ou
             "--no-progress", "--output-dir", str(out / "run")]
     if not Path(argv[0]).exists():
         argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    # the cluster's credentials (a TLS scheduler: the driver joins it as the SLURM job scripts' drivers do)
+    return subprocess.Popen(argv, env={**env, "UNI_AGENT_TLS_DIR": str(cluster.tls_dir)}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=cluster.cwd, preexec_fn=die_with_bench())
 
 

@@ -17,13 +17,23 @@ from typing import Any
 from .lifetime import die_with_bench
 
 from ..dashboard import page_token
+from ..dask_profiler import OFF_IN_ENVIRONMENT, profiler_kept
+from ..driver.tls import CA_FILE, CERT_FILE, KEY_FILE, write_credentials
+from ..private_dirs import dask_dir
 
 
 class ProcessCluster:
-    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation."""
+    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation, and
+    guarded as the job scripts guard theirs: TLS with credentials of its own (a scheduler without it runs what any
+    local user sends it, as this user), a private scratch dir, Dask's profiler off. `env` gets what a driver needs to
+    join it (the credentials' directory: UNI_AGENT_TLS_DIR, the tls_dir setting)."""
 
     def __init__(self, workers: int, work_dir: Path, env: dict[str, str], cwd: Path | None = None):
-        self.n, self.dir, self.env, self.cwd = workers, work_dir, env, cwd
+        self.tls_dir = work_dir / "tls"
+        self.n, self.dir, self.cwd = workers, work_dir, cwd
+        profiler = {} if profiler_kept() else dict([OFF_IN_ENVIRONMENT.split("=", 1)])
+        self.env = {**env, "UNI_AGENT_TLS_DIR": str(self.tls_dir), "DASK_TEMPORARY_DIRECTORY": str(dask_dir()),
+                    **profiler}
         self.scheduler_file = work_dir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -46,17 +56,23 @@ class ProcessCluster:
 
     def _start_all(self) -> ProcessCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address",
-                    "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
+        write_credentials(self.tls_dir)
+        tls = ["--tls-ca-file", str(self.tls_dir / CA_FILE), "--tls-cert", str(self.tls_dir / CERT_FILE),
+               "--tls-key", str(self.tls_dir / KEY_FILE)]
+        self._start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", "tls", *tls,
+                    "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
                     "--preload", "uni_agent.scheduler_preload")
         _wait(lambda: self.scheduler_file.exists(), 60, "the dask scheduler did not write its scheduler file")
         for i in range(self.n):
             self._start(f"worker-{i}", "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
-                        "--nthreads", "2", "--resources", "SANDBOX=100000", "--memory-limit", "0",
+                        *tls, "--nthreads", "2", "--resources", "SANDBOX=100000", "--memory-limit", "0",
                         "--no-dashboard", "--name", f"sim-{i}")
         from distributed import Client
 
-        self.client = Client(scheduler_file=str(self.scheduler_file), timeout=60)
+        from ..driver.tls import file_security
+
+        self.client = Client(scheduler_file=str(self.scheduler_file), timeout=60,
+                             security=file_security(self.tls_dir))
         self.client.wait_for_workers(self.n, timeout=120)
         info = self.client.scheduler_info(n_workers=-1)
         self.dashboard = f"http://127.0.0.1:{info['services']['dashboard']}"

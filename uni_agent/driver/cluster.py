@@ -53,21 +53,11 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
             yield client
         return
     async with contextlib.AsyncExitStack() as stack:
-        # Every Dask server of the run (the scheduler in this process, the nannies, the workers) puts its scratch dir
-        # on sys.path, and Dask's default (/tmp/dask-scratch-space) may be another user's: ours, 0700, instead.
-        # Dask's profiler off (uni_agent.dask_profiler): the nannies pass this config to the workers.
-        stack.enter_context(dask.config.set({"temporary-directory": str(dask_dir()), **dask_config()}))
-        # Loopback only, and TLS even there: every user of this machine can reach 127.0.0.1.
+        stack.enter_context(dask.config.set(local_cluster_config()))
         cluster = await stack.enter_async_context(LocalCluster(
-            n_workers=local_worker_count(settings), threads_per_worker=settings.threads_per_worker, processes=True,
-            asynchronous=True, host="127.0.0.1", protocol="tls://",
-            dashboard_address="127.0.0.1:8787" if settings.dashboard else None,
-            security=local_security(), resources={SANDBOX: LOCAL_SANDBOXES},
-            preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
-            local_directory=str(dask_dir()),
-            env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
-            scheduler_kwargs={"preload": [SCHEDULER_PRELOAD]},
-        ))
+            **local_cluster_options(local_worker_count(settings), settings.threads_per_worker,
+                                    "127.0.0.1:8787" if settings.dashboard else None),
+            asynchronous=True))
         if settings.engine == "vllm":  # this machine's GPUs as one GPU worker, apart from the sandbox workers
             from distributed import Nanny
 
@@ -78,6 +68,29 @@ async def cluster_client(settings: RunSettings, scheduler_address: str | None = 
         client = await stack.enter_async_context(Client(cluster, asynchronous=True))
         await print_pages(client, serve=settings.dashboard)
         yield client
+
+
+def local_cluster_config() -> dict[str, Any]:
+    """The dask.config a LocalCluster of ours starts under (a run's, the bench's). Every Dask server (the scheduler in
+    this process, the nannies, the workers) puts its scratch dir on sys.path, and Dask's default
+    (/tmp/dask-scratch-space) may be another user's: ours, 0700, instead. Dask's profiler off
+    (uni_agent.dask_profiler): the nannies pass this config to the workers."""
+    return {"temporary-directory": str(dask_dir()), **dask_config()}
+
+
+def local_cluster_options(n_workers: int, threads_per_worker: int, dashboard_address: str | None) -> dict[str, Any]:
+    """LocalCluster's arguments for a cluster that no other user of the machine can use: loopback only, and TLS even
+    there (every user of this machine can reach 127.0.0.1, and a scheduler runs what any client sends it); its pages
+    guarded by a token from the scheduler's start (the scheduler preload). A run's and the bench's clusters alike."""
+    return dict(
+        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True, host="127.0.0.1",
+        protocol="tls://", security=local_security(), dashboard_address=dashboard_address,
+        resources={SANDBOX: LOCAL_SANDBOXES},
+        preload=[WORKER_PRELOAD],  # the rollouts' imports while the workers start, not in the first wave
+        local_directory=str(dask_dir()),
+        env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
+        scheduler_kwargs={"preload": [SCHEDULER_PRELOAD]},
+    )
 
 
 def local_worker_count(settings: RunSettings) -> int:
