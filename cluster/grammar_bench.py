@@ -9,6 +9,7 @@ cluster/build_bench.py uses `serve` and `measure` to compare the decoding speed 
 """
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -19,6 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from uni_agent.tool_calls import tool_call_json_schema, tool_format_instructions
 from uni_agent.tools.toolbox import tool_schemas
 
+# Every server these scripts start answers only their own requests (LLAMA_API_KEY, never on the command line, as the
+# engine does): on a shared node another user could otherwise use it, and skew the figures too. /health stays open.
+API_KEY = secrets.token_urlsafe(32)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SCHEMAS = tool_schemas(["str_replace_editor", "execute_bash", "submit"])
 MESSAGES = [{"role": "system", "content": "You are a coding agent.\n\n" + tool_format_instructions(SCHEMAS, "hermes")},
             {"role": "user",
@@ -34,7 +39,7 @@ def body(kind, max_tokens):
 
 def serve(binary, model, log_path, *, port=8931, slots=64, extra=(), cores=None):
     """A llama-server on 127.0.0.1:port (pinned to `cores` when given); the caller terminates it."""
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "LLAMA_API_KEY": API_KEY}
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     return subprocess.Popen([binary, "--model", model, "--alias", "m", "--host", "127.0.0.1", "--port", str(port),
                              "--parallel", str(slots), "--ctx-size", str(slots * 4096), "--cont-batching", "--jinja",
@@ -71,7 +76,7 @@ async def measure(label, *, port=8931, concs=(1, 64), kinds=("none", "schema"), 
     varies far less than tokens per second of wall time."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     rows = []
-    async with httpx.AsyncClient(timeout=600) as http:
+    async with httpx.AsyncClient(timeout=600, headers=AUTH) as http:
         await wait_healthy(http, port, 120)  # measured either way: a server that never came up fails the requests
         for conc in concs:
             t0, cpu0 = time.monotonic(), cpu_seconds(pid) if pid else 0.0

@@ -22,7 +22,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the agent's first prompt (with or without the schema), and the wait for a server's /health
-from cluster.grammar_bench import body, wait_healthy  # noqa: E402
+from cluster.grammar_bench import API_KEY, AUTH, body, wait_healthy  # noqa: E402
 from uni_agent.engines.llama_cpp import server_command, slots_per_server  # noqa: E402
 
 BASE_PORT = 8941
@@ -31,7 +31,7 @@ THREADS = 4  # the engine's default for a GPU server
 
 
 def start_servers(binary: str, model: str, servers: int, slots: int, log_dir: str) -> list[subprocess.Popen]:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "LLAMA_API_KEY": API_KEY}  # their requests only
     procs = []
     for i in range(servers):
         argv = server_command(binary, model, "m", host="127.0.0.1", port=BASE_PORT + i,
@@ -70,7 +70,8 @@ async def measure_layout(binary: str, model: str, servers: int, args) -> list[di
     procs = start_servers(binary, model, servers, args.slots, args.log_dir)
     rows = []
     try:
-        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=args.requests * 2)) as http:
+        async with httpx.AsyncClient(timeout=600, headers=AUTH,
+                                     limits=httpx.Limits(max_connections=args.requests * 2)) as http:
             await wait_all_healthy(http, servers)
             await one_round(http, servers, args.requests, "none", 1)  # warm-up: every slot reads the prompt once
             for kind in ("none", "schema"):
