@@ -133,6 +133,24 @@ def test_a_failed_build_names_the_step_and_its_log(tmp_path, monkeypatch):
         build("cpu", sdist=wrong, quiet=True)
 
 
+def test_the_first_build_makes_the_users_cache_private(tmp_path, monkeypatch):
+    """Setup's build is the first to write under ~/.cache/uni-agent: made with the umask's 0755, another user could
+    list it and the build until the first run narrowed it (the attacker run of 2026-12-05 did, for the whole build)."""
+    monkeypatch.delenv("UNI_AGENT_LLAMA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    broken = _sdist(tmp_path / f"llama_cpp_python-{SOURCE_VERSION}.tar.gz", {
+        "CMakeLists.txt": 'cmake_minimum_required(VERSION 3.14)\nproject(x)\nmessage(FATAL_ERROR "stop here")\n'})
+    old_umask = os.umask(0o022)
+    try:
+        with pytest.raises(LlamaBuildError, match="stop here"):
+            build("cpu", sdist=broken, quiet=True)
+    finally:
+        os.umask(old_umask)
+    users_cache = tmp_path / "home" / ".cache" / "uni-agent"
+    assert binary_path("cpu").is_relative_to(users_cache / "llama.cpp")
+    assert (users_cache / "llama.cpp").is_dir() and users_cache.stat().st_mode & 0o777 == 0o700
+
+
 # ---- command line and model files --------------------------------------------------------------------------------
 
 def test_server_command_line():

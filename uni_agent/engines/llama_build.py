@@ -106,6 +106,18 @@ def cache_root() -> Path:
     return Path(os.environ.get("UNI_AGENT_LLAMA_DIR") or Path.home() / ".cache" / "uni-agent" / "llama.cpp")
 
 
+def make_build_root(root: Path) -> None:
+    """`root` (a build's dir under cache_root()), made. Under the default cache, ~/.cache/uni-agent is made 0700 first,
+    as a run makes it (uni_agent.sandbox.private_dir): made here with the umask's 0755, every user of the node could
+    list it and the build for as long as the first build took, until the first run narrowed it."""
+    if not os.environ.get("UNI_AGENT_LLAMA_DIR"):
+        users_cache = cache_root().parent
+        users_cache.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(users_cache, 0o700)  # the umask may narrow it further, never widen it
+    root.mkdir(parents=True, exist_ok=True)
+
+
 def recipe_key(variant: str, recipe: str = DEFAULT_RECIPE) -> str:
     """`<version>-<variant>-<recipe>-<hash>`: the hash covers every flag and the QUICK_CMAKE text (not the GPUs'
     architectures, which only the building machine knows), so changing them gives a new cache directory."""
@@ -203,7 +215,7 @@ def build(variant: str = "cpu", *, recipe: str = DEFAULT_RECIPE, jobs: int | Non
         variant = "cuda" if has_nvidia_gpu() else "cpu"
     target = binary_path(variant, recipe)
     root = target.parent.parent
-    root.mkdir(parents=True, exist_ok=True)
+    make_build_root(root)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second setup on the same home waits for the first, then finds it
         if find_binary(variant, recipe):
