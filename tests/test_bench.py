@@ -135,6 +135,21 @@ def test_cpu_split_counts_a_workers_descendants_as_sandboxes():
     assert split.machine_s >= seconds["sandboxes"] - 0.05
 
 
+def test_record_cost_records_every_row_and_splits_its_cpu(tmp_path):
+    """python -m uni_agent.bench.record_cost: the rows are really written (Parquet part files read back) and the
+    parts of the CPU per row are measured figures that add up to no more than the whole."""
+    import pyarrow.parquet as pq
+
+    from uni_agent.bench.record_cost import measure
+
+    figures = measure(rows=300, batch=100, out_dir=tmp_path)
+    assert figures["rows"] == 300 and figures["part_files"] >= 1
+    assert pq.read_table(figures["results"], columns=["instance_id", "rollout"]).num_rows == 300
+    parts = figures["parts_us_per_row"]
+    assert all(v > 0 for v in parts.values()), parts
+    assert sum(parts.values()) <= figures["us_per_row"] * 1.05
+
+
 def test_connect_cost_times_connections_held_to_one_address():
     """python -m uni_agent.bench.connect_cost: each step's connections stay open (the range fills step by step) and
     the CPU per connect() is a measured figure; the open-file limit is back as it was afterwards."""

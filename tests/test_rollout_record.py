@@ -186,3 +186,24 @@ def test_what_crosses_the_actor_boundary_is_a_typed_outcome():
     assert done.unwrap().verification.status == "resolved" and done.unwrap().exit_reason is ExitReason.SUBMITTED
     with pytest.raises(RolloutRaised, match="^ValueError: boom$"):
         raised.unwrap()
+
+
+def test_the_conversation_crosses_as_json_text_and_is_parsed_only_when_read(tmp_path):
+    import pickle
+
+    messages = [{"role": "user", "content": "é"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]}]
+    sent = RolloutResult(run_id="r", instance_id="t", rollout=0, data_source="d", agent_name="a",
+                         exit_reason="submitted", messages=messages)
+    arrived = pickle.loads(pickle.dumps(sent, protocol=5))
+    assert "messages" not in vars(arrived)  # not parsed on arrival: the driver writes the text as it came
+    store = ResultStore(tmp_path)
+    store.add(arrived)
+    store.flush()
+    assert json.loads(store.read().iloc[0].messages) == messages and "messages" not in vars(arrived)
+    assert arrived.messages == messages and arrived == sent  # parsed when read, equal to what was sent
+    arrived.messages.append({"role": "note", "content": "added on the driver"})  # read, then changed: encoded anew
+    assert json.loads(arrived.row()["messages"])[-1]["content"] == "added on the driver"
+    assert "_messages_text" not in arrived.row() and arrived.row().keys() == sent.row().keys()
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        arrived.nothing  # noqa: B018 - any other missing attribute is still an AttributeError

@@ -58,8 +58,14 @@ def test_tiny_simulation_records_every_rollout_once(tmp_path):
         assert row["peak_rss_mib"]["scheduler"] > 0 and row["peak_rss_mib"]["driver"] > 0
         assert row["ideal_s"] == ideal_makespan(options)
         assert row["endpoint"]["requests"] == row["rollouts"] * 3  # 2 turns + submit
+        phases = dict(row["driver_phases"])  # the driver's own steps, from its log, in the order they happened
+        assert [name for name, _ in row["driver_phases"]] == [
+            "inputs_loaded", "results_read", "connected", "engines_ready", "agent_workers_started", "queued",
+            "rollouts_finished", "session_closed", "summary_written"], row["driver_phases"]
+        assert 0 < phases["queued"] <= row["first_started_s"] + 0.5 and phases["rollouts_finished"] < row["wall_s"]
     assert any(line.startswith("growth from 8 to 16 rollouts") for line in lines)
     assert any("0 lost, 0 duplicate keys" in line for line in lines)
+    assert any(line.strip().startswith("driver's steps: inputs_loaded") for line in "\n".join(lines).splitlines())
 
 
 def test_a_batch_of_queued_events_folds_like_the_events_one_by_one():

@@ -24,6 +24,7 @@ from .lifetime import die_with_bench
 THIS_TREE = Path(__file__).resolve().parent.parent.parent
 SANDBOX_RTT = Path(__file__).resolve().with_name("sandbox_rtt.py")
 CLIENT_CPU = Path(__file__).resolve().with_name("client_cpu.py")
+RECORD_COST = Path(__file__).resolve().with_name("record_cost.py")
 
 
 class BaselineError(RuntimeError):
@@ -84,6 +85,15 @@ def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
                           preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the LLM client bench failed in {tree}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def record_figures(tree: Path, rows: int) -> dict[str, Any]:
+    """record_cost.py's figures with `uni_agent` imported from `tree`."""
+    done = subprocess.run([sys.executable, str(RECORD_COST), "--rows", str(rows)], cwd=tree, env=_env(tree),
+                          capture_output=True, text=True, timeout=1800, preexec_fn=die_with_bench())
+    if done.returncode != 0:
+        raise BaselineError(f"the record cost bench failed in {tree}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -182,6 +182,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(its user namespace overlay, and a copy per start as before it)")
     parser.add_argument("--client-only", action="store_true",
                         help="only the LLM client's CPU per request (2,000 requests, 100 in flight, a scripted endpoint)")
+    parser.add_argument("--record-only", action="store_true",
+                        help="only the driver's CPU per recorded rollout (20,000 rows: unpickled, written to Parquet, "
+                        "the page's fields and the log line; bench/record_cost.py)")
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
     sim.add_argument("--simulate", action="store_true",
                      help="real dask scheduler/worker/driver processes, events, page and Parquet; the sandbox is an "
@@ -249,7 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                  delay_s=args.delay_s if args.delay_s is not None else 0.5,
                                  echo=lambda line: print(line, flush=True))
         return 0 if all(r["ok"] == r["rollouts"] for r in rows) else 1
-    if args.baseline or args.sandbox_only or args.client_only:
+    if args.baseline or args.sandbox_only or args.client_only or args.record_only:
         return compare_with_baseline(args)
     report = run_bench(options_from(args), echo=lambda line: print(line, flush=True))
     print(f"bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -288,6 +291,19 @@ def simulate(args: argparse.Namespace) -> int:
     return 0 if ok(report) else 1
 
 
+def _compare_record_cost(trees: list[tuple[str, Path | None]], echo) -> None:  # noqa: ANN001
+    from . import baseline
+
+    echo(f"uni-agent bench, the driver's CPU per recorded rollout: {cpus_line()}, load average {load_average():.2f}; "
+         "20,000 finished rollouts (5 turns each) as agent workers reply, 500 a reply; CPU of the measuring process; "
+         "the trees take turns, twice each")
+    for round_ in (1, 2):
+        for label, tree in trees:
+            figures = baseline.record_figures(tree, 20000)
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in figures["parts_us_per_row"].items())
+            echo(f"  {label:>22} (run {round_}): {figures['us_per_row']:.1f} us per row ({parts})")
+
+
 def compare_with_baseline(args: argparse.Namespace) -> int:
     """The sandbox figures (and, unless --sandbox-only, the rollout sweep) of REF and of this tree, side by side."""
     from . import baseline
@@ -302,6 +318,9 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
             trees.insert(0, (label, stack.enter_context(baseline.worktree(args.baseline))))
         if args.sweep_only and args.baseline:
             return _compare_sweeps(args, trees[0][1], echo, started)
+        if args.record_only:
+            _compare_record_cost(trees, echo)
+            return 0
         echo(f"uni-agent bench, LLM client alone: {cpus_line()}, load average {load_average():.2f}; 2,000 "
              "chat requests (a mid-rollout turn with tool schemas), 100 in flight, to a scripted endpoint in its own "
              "process; CPU of the client's process; the trees take turns, twice each (one run alone swings ~15%)")

@@ -199,6 +199,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         if parts else None
     row.update(record_timeline(table, parts, started_wall))
     row.update(record_counts(results, rollouts))
+    row["driver_phases"] = driver_phases(out / "run" / "logs", started_wall)
     row["submitted"] = table["exit_reason"].to_pylist().count("submitted") if table is not None else 0
     return row
 
@@ -215,6 +216,23 @@ def record_timeline(table: Any, parts: list[Path], t0: float) -> dict[str, float
     last_recorded = max(p.stat().st_mtime for p in parts) - t0
     return {"first_started_s": first_started, "last_started_s": last_started, "last_finished_s": last_finished, "last_recorded_s": last_recorded,
             "record_tail_s": last_recorded - last_finished}
+
+
+def driver_phases(log_dir: Path, t0: float) -> list[tuple[str, float]]:
+    """The driver's `run_phase` events (uni_agent.driver.progress.run_phase) from its JSON-lines logs, as (phase,
+    seconds after `t0`), in order."""
+    from datetime import datetime
+
+    phases = []
+    for path in sorted(log_dir.glob("driver-*.jsonl")):
+        with path.open() as lines:
+            for line in lines:
+                if '"run_phase"' not in line:
+                    continue
+                event = json.loads(line)
+                at = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+                phases.append((event["phase"], at - t0))
+    return sorted(phases, key=lambda phase: phase[1])
 
 
 def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: SimOptions, data: Path, config: Path,

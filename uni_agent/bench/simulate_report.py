@@ -104,5 +104,14 @@ def timeline(row: dict[str, Any]) -> str:
     return (f"\n    after the driver's start: first rollout started at {row.get('first_started_s', math.nan):.1f} s, "
             f"last at {row['last_started_s']:.1f} s, last finished on "
             f"its worker at {row['last_finished_s']:.1f} s, last row on disk at {row['last_recorded_s']:.1f} s "
-            f"(record tail {row['record_tail_s']:.1f} s)")
+            f"(record tail {row['record_tail_s']:.1f} s)" + phases_line(row))
+
+
+def phases_line(row: dict[str, Any]) -> str:
+    """The driver's own steps (its log's `run_phase` events), in seconds after its process started; a tree from
+    before those events prints none."""
+    phases = row.get("driver_phases") or []
+    if not phases:
+        return ""
+    return "\n    driver's steps: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases)
 

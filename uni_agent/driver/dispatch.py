@@ -31,7 +31,7 @@ from .cluster import sandbox_workers
 from .mailbox import ActorUnreachable, Mailboxes
 from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor
 from .pool import ActorPool
-from .progress import Progress, RolloutEvents
+from .progress import Progress, RolloutEvents, run_phase
 
 log = structlog.get_logger("uni_agent.driver")
 WRITE_RETRY_S = 5.0  # while results cannot be written, how often the dispatcher tries again
@@ -81,9 +81,11 @@ class Dispatcher:
         self.run_id = todo[0].run_id if todo else ""
         self.progress.start(len(todo))
         await self.events.queued(todo)
+        run_phase("queued", rollouts=len(todo))
         try:
             await asyncio.gather(*(self.run_one(spec) for spec in todo))
         finally:
+            run_phase("rollouts_finished")
             self.progress.close()
             await self.mailboxes.close()
             await self.events.close()

@@ -21,6 +21,12 @@ MESSAGE_CHARS = 8_000_000  # trajectory text in one message: 40 full-size trajec
 FLUSH_S = 0.2  # how long an event may wait in the driver's outbox
 
 
+def run_phase(phase: str, **fields: Any) -> None:
+    """A step of the run's start or end in the driver's log (event `run_phase`, with its timestamp): where a large
+    run's lead-in and tail go, phase by phase (`uni-agent bench --simulate` prints them)."""
+    log.info("run_phase", phase=phase, **fields)
+
+
 class Progress:
     """The terminal line: done/total, ETA and rate (tqdm), plus rollouts running now, mean reward so far, errors."""
 
@@ -144,7 +150,7 @@ def final_fields(result: RolloutResult) -> dict[str, Any]:
         "reward", "resolved", "exit_reason", "num_turns", "prompt_tokens", "completion_tokens", "sandbox_start_s",
         "llm_s", "tools_s", "verify_s", "total_s", "worker", "error")}
     fields["error_kind"] = result.error.split(":", 1)[0] if result.error else None
-    fields["messages"] = clip_messages(json.dumps(result.messages, ensure_ascii=False), MAX_TRAJECTORY_CHARS)
+    fields["messages"] = clip_messages(result.messages_text(), MAX_TRAJECTORY_CHARS)
     verification = "{}" if result.verification is None else result.verification.to_json()
     fields["verification"] = verification[:MAX_TRAJECTORY_CHARS]
     return fields

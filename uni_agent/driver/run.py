@@ -40,6 +40,7 @@ from .dispatch import AgentWorkersLost
 from .inputs import load_inputs
 from .interrupt import RunInterrupted, run_until_stopped
 from .manifest import RunManifest
+from .progress import run_phase
 from .results import ResultsNotWritten, ResultStore, recorded_rows
 from .session import open_session
 from .summary import summarize
@@ -111,6 +112,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     agents, specs, problems = inputs.agents, inputs.specs, inputs.problems
     # Only a run that passed validation leaves logs/ and run.json (the manifest, below) behind.
     configure_logging(log_dir, "driver", settings.log_level)
+    run_phase("inputs_loaded", rows=len(inputs.rows), rollouts=len(specs), seconds=round(time.monotonic() - started, 3))
     for problem in problems:
         log.error("row_rejected", row=problem.row_index, instance_id=problem.instance_id, error=problem.error)
     manifest = RunManifest.begin(output_dir, run_id, settings, agents, inputs.source, inputs.rows, specs)  # run.json
@@ -122,6 +124,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     store = ResultStore(output_dir, settings.flush_every)
     done = store.done_keys(retry_infra=settings.retry_errors)  # --retry-errors: infra rows are not done
     todo = [s for s in specs if s.key not in done]
+    run_phase("results_read", done=len(specs) - len(todo))
     retried = f", {len(store.retrying)} of them infra failures run again" if store.retrying else ""
     print(f"uni-agent run {run_id}: {len(specs) // settings.n} tasks x n={settings.n} = {len(specs)} rollouts"
           f" ({len(specs) - len(todo)} already done in {output_dir}, {len(todo)} to run{retried})", file=sys.stderr)
@@ -130,6 +133,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
             await _run_rollouts(todo, settings, store, log_dir, manifest, scheduler_address, security)
     finally:  # whatever ended the run, what finished is on disk for the rerun (or in a spill it writes first)
         store.finish()
+        run_phase("session_closed")
     store.check_written()  # ResultsNotWritten: results kept in a spill, or rollouts not started for a full disk
 
     wanted = {s.key for s in specs}
@@ -139,6 +143,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
                         wall_seconds=time.monotonic() - started,
                         extra={"run_id": run_id, "rejected_rows": len(problems), "output_dir": str(output_dir)})
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    run_phase("summary_written")
     if capture is not None and (note := capture_note(capture, settings.engine, results)) is not None:
         print(note, file=sys.stderr)
     manifest.finish(summary)

@@ -38,6 +38,7 @@ from .dispatch import Dispatcher
 from .manifest import engine_versions
 from .policy import DispatchPolicy
 from .pool import ActorPool
+from .progress import run_phase
 from .results import ResultStore
 
 log = structlog.get_logger("uni_agent.driver.session")
@@ -69,6 +70,7 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
         if agents:
             check_engine(settings)  # before the cluster starts: an unknown engine is the user's typo, said in one line
         async with cluster_client(settings, scheduler_address, security) as client:
+            run_phase("connected")
             await _show_page(client)
             await preflight_workers(client)  # before an engine or a sandbox starts there
             workers = await sandbox_workers(client, settings.gpu_resource_name)
@@ -89,7 +91,9 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                     session.dispatcher = Dispatcher(client, pool, policy, store, settings, session.placement)
                     # under the engine watch already: an engine's worker lost while the agent workers start is
                     # placed again, or ends the run (EngineFailed), instead of leaving a start-up call waiting on it
+                    run_phase("engines_ready")
                     await engines.guard(_start_agent_workers(session, first_spec))
+                    run_phase("agent_workers_started")
                     session.engine_versions = await versions
                     yield session
                 finally:

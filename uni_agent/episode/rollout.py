@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import AgentConfig
+from ..fast_json import dumps_json, loads_json
 from ..verification import Verification, VerificationStatus
 from .exit_reason import ExitReason
 from .failures import FailureKind, classify, infra
 
 if TYPE_CHECKING:
     from .ending import Ending
+
+_MESSAGES_TEXT = "_messages_text"  # the pickled conversation, before anything reads `messages` (RolloutResult)
 
 # Columns holding one list per row (Parquet list<int32> / list<float32>); everything else is a scalar.
 TOKEN_COLUMNS: dict[str, str] = {"input_ids": "int32", "loss_mask": "int32", "logprobs": "float32",
@@ -102,8 +105,9 @@ class RolloutResult:
     def row(self) -> dict[str, Any]:
         """The Parquet row: enums as their strings, the structured fields as JSON text."""
         row = dict(self.__dict__)
+        row.pop(_MESSAGES_TEXT, None)
         row["exit_reason"], row["failure_kind"] = self.exit_reason.value, self.failure_kind.value
-        row["messages"] = json.dumps(self.messages, ensure_ascii=False)
+        row["messages"] = self.messages_text()
         row["verification"] = "{}" if self.verification is None else self.verification.to_json()
         row["attempts"] = json.dumps(self.attempts, ensure_ascii=False, default=str)
         row["token_drift"] = None if self.token_drift is None else json.dumps(self.token_drift)
@@ -133,6 +137,34 @@ class RolloutResult:
         if verification.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT) and self.error is None:
             self.error = f"verification {verification.status}: {verification.error}"
         classify(self)
+
+    def messages_text(self) -> str:
+        """The conversation as JSON text: as it crossed from the agent worker while no one has read `messages` here
+        since (reading may change it), else encoded now."""
+        if "messages" not in self.__dict__ and _MESSAGES_TEXT in self.__dict__:
+            return self.__dict__[_MESSAGES_TEXT]
+        return json.dumps(self.messages, ensure_ascii=False)
+
+    # A finished rollout crosses from its agent worker to the driver pickled, and the driver of a large run records
+    # a wave's worth at once (issue 40). So the conversation crosses as one JSON text, encoded on the worker with
+    # orjson: the driver writes that text to Parquet and to the page as it is, and parses it back into `messages`
+    # only when something there reads the attribute. Unpickling the nested dicts was a third of the driver's CPU per
+    # recorded row, and it encoded them twice (`uni-agent bench --record-only`).
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if "messages" in state:
+            state[_MESSAGES_TEXT] = dumps_json(state.pop("messages")).decode()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes not set: `messages` not parsed yet
+        text = self.__dict__.get(_MESSAGES_TEXT)
+        if name != "messages" or text is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.__dict__["messages"] = messages = loads_json(text)
+        return messages
 
     def mask(self, reason: str) -> None:
         """Not to be trained on: loss_mask all 0, and why."""

@@ -1,0 +1,121 @@
+"""The driver's CPU per recorded rollout: what one finished rollout costs the driver process between its agent worker's
+reply and its row on disk.
+
+At 100,000 rollouts in flight the rollouts of a wave end together and one driver records them all: its cost per row
+is the record tail (issue 40). This measures that path alone, with the driver's own code: the worker's reply is built
+and pickled as an agent worker's `collect` returns it (a list of `Finished`, pickle protocol 5, as Dask sends it),
+then the driver's side is timed per row: the reply unpickled, the row added to a real ResultStore (Parquet part
+files in a temporary dir, flushed as a run flushes), the page's fields (`final_fields`), the event batch packed with
+msgpack (what `log_event` sends to the scheduler) and the `rollout_recorded` log line (structlog, to a file).
+
+It uses only APIs that older trees have too, so `uni-agent bench --record-only --baseline REF` runs it with REF's
+`uni_agent` and with this tree's, in one invocation. Run as a script it prints one JSON object:
+`python -m uni_agent.bench.record_cost --rows 20000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# One rollout as the simulation's agent makes it: a task prompt, 4 execute_bash turns with their output, submit.
+TURNS = 4
+
+
+def _messages(i: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent working in a sandbox. " * 20},
+        {"role": "user", "content": f"Task {i}: fix the failing test, then submit. " * 4}]
+    for turn in range(TURNS):
+        call = {"id": f"call_{turn}", "type": "function",
+                "function": {"name": "execute_bash", "arguments": '{"command": "echo hello && ls"}'}}
+        messages.append({"role": "assistant", "content": "Let me run the command.", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": "hello\nREADME.md\nsrc\ntests\n"})
+    messages.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_s", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]})
+    return messages
+
+
+def _replies(rows: int, batch: int) -> list[bytes]:
+    """The workers' `collect` replies, pickled as they cross to the driver."""
+    from uni_agent.episode.exit_reason import ExitReason
+    from uni_agent.episode.rollout import Finished, RolloutResult
+
+    replies, results = [], []
+    for i in range(rows):
+        result = RolloutResult(run_id="bench", instance_id=f"sim-{i // 4:06d}", rollout=i % 4, data_source="bench",
+                               agent_name="sim", exit_reason=ExitReason.SUBMITTED, messages=_messages(i),
+                               num_turns=TURNS + 1, llm_s=100.0, tools_s=0.25, total_s=100.3, worker="tcp://w:1",
+                               started_at=time.time(), finished_at=time.time())
+        results.append(Finished(result.key, result))
+        if len(results) == batch:
+            replies.append(pickle.dumps(results, protocol=5))
+            results = []
+    if results:
+        replies.append(pickle.dumps(results, protocol=5))
+    return replies
+
+
+def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any]:
+    """The figures; the rows go to `out_dir` (kept) or a temporary dir (removed)."""
+    import msgpack
+    import structlog
+
+    from uni_agent.driver.progress import final_fields
+    from uni_agent.driver.results import ResultStore
+    from uni_agent.events import batch_event, rollout_event
+    from uni_agent.logs import configure_logging
+
+    replies = _replies(rows, batch)
+    with tempfile.TemporaryDirectory(prefix="uni-agent-record-cost-") as scratch:
+        tmp = out_dir or Path(scratch)
+        configure_logging(tmp / "logs", "driver")
+        log = structlog.get_logger("uni_agent.driver")
+        store = ResultStore(tmp / "out", flush_every=16, flush_s=1.0)
+        parts: dict[str, float] = dict.fromkeys(("unpickle", "row", "page_fields", "event_pack", "log_line"), 0.0)
+        started = time.process_time()
+        for reply in replies:
+            t = time.process_time()
+            finished = pickle.loads(reply)
+            parts["unpickle"] += time.process_time() - t
+            events = []
+            for outcome in finished:
+                result = outcome.unwrap()
+                t0 = time.process_time()
+                store.add(result)
+                t1 = time.process_time()
+                events.append(rollout_event(result.run_id, result.instance_id, result.rollout, "done",
+                                            **final_fields(result)))
+                t2 = time.process_time()
+                log.info("rollout_recorded", instance_id=result.instance_id, rollout=result.rollout,
+                         reward=result.reward, exit_reason=result.exit_reason)
+                t3 = time.process_time()
+                parts["row"] += t1 - t0
+                parts["page_fields"] += t2 - t1
+                parts["log_line"] += t3 - t2
+            t = time.process_time()
+            msgpack.packb(batch_event(events))
+            parts["event_pack"] += time.process_time() - t
+        store.finish()
+        total = time.process_time() - started
+        written = sum(1 for _ in (tmp / "out" / "results").glob("part-*.parquet"))
+    return {"rows": rows, "batch": batch, "us_per_row": total / rows * 1e6, "part_files": written,
+            "results": str(tmp / "out" / "results") if out_dir else None,
+            "parts_us_per_row": {k: v / rows * 1e6 for k, v in parts.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=500, help="rollouts in one collect reply (500)")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.rows, args.batch)))
+
+
+if __name__ == "__main__":
+    main()
