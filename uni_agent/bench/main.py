@@ -301,7 +301,8 @@ def _compare_record_cost(trees: list[tuple[str, Path | None]], echo) -> None:  #
         for label, tree in trees:
             figures = baseline.record_figures(tree, 20000)
             parts = ", ".join(f"{k} {v:.1f}" for k, v in figures["parts_us_per_row"].items())
-            echo(f"  {label:>22} (run {round_}): {figures['us_per_row']:.1f} us per row ({parts})")
+            echo(f"  {label:>22} (run {round_}): {figures['us_per_row']:.1f} us per row ({parts}); handing a "
+                 f"rollout out {figures['handout_us_per_spec']:.1f} us")
 
 
 def compare_with_baseline(args: argparse.Namespace) -> int:

@@ -3,8 +3,9 @@ reply and its row on disk.
 
 At 100,000 rollouts in flight the rollouts of a wave end together and one driver records them all: its cost per row
 is the record tail (issue 40). This measures that path alone, with the driver's own code: the worker's reply is built
-and pickled as an agent worker's `collect` returns it (a list of `Finished`, pickle protocol 5, as Dask sends it),
-then the driver's side is timed per row: the reply unpickled, the row added to a real ResultStore (Parquet part
+as the tree's agent worker `collect` returns it (a list of `Finished`, or a `Batch` of them where the tree has one)
+and serialized into frames by Dask's protocol as an actor's reply is, then the driver's side is timed per row: the
+reply deserialized, the row added to a real ResultStore (Parquet part
 files in a temporary dir, flushed as a run flushes), the page's fields (`final_fields`), the event batch packed with
 msgpack (what `log_event` sends to the scheduler) and the `rollout_recorded` log line (structlog, to a file).
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import tempfile
 import time
 from pathlib import Path
@@ -41,10 +41,22 @@ def _messages(i: int) -> list[dict[str, Any]]:
     return messages
 
 
-def _replies(rows: int, batch: int) -> list[bytes]:
-    """The workers' `collect` replies, pickled as they cross to the driver."""
+def _replies(rows: int, batch: int) -> list[list[bytes]]:
+    """The workers' `collect` replies, as Dask's protocol frames them on the way to the driver."""
+    from distributed.protocol import dumps, to_serialize
+
     from uni_agent.episode.exit_reason import ExitReason
     from uni_agent.episode.rollout import Finished, RolloutResult
+
+    try:
+        from uni_agent.episode.rollout import Batch
+
+        wrap: Any = Batch
+    except ImportError:  # a tree from before Batch: its workers replied with the list itself
+        wrap = list
+
+    def frames(results: list[Any]) -> list[bytes]:
+        return [bytes(f) for f in dumps({"status": "OK", "result": to_serialize(wrap(results))})]
 
     replies, results = [], []
     for i in range(rows):
@@ -54,17 +66,46 @@ def _replies(rows: int, batch: int) -> list[bytes]:
                                started_at=time.time(), finished_at=time.time())
         results.append(Finished(result.key, result))
         if len(results) == batch:
-            replies.append(pickle.dumps(results, protocol=5))
+            replies.append(frames(results))
             results = []
     if results:
-        replies.append(pickle.dumps(results, protocol=5))
+        replies.append(frames(results))
     return replies
+
+
+def handout_us_per_spec(rows: int, batch: int) -> float:
+    """The driver's CPU per rollout handed out: its spec serialized into frames by Dask's protocol as the mailbox's
+    `start_rollouts` call sends it (a list, or a `Batch` where the tree has one), `batch` specs a call."""
+    from distributed.protocol import dumps, to_serialize
+
+    from uni_agent.bench.simulate import SimOptions, write_inputs
+    from uni_agent.config import AgentConfigs
+    from uni_agent.episode.rollout import RolloutSpec
+
+    try:
+        from uni_agent.episode.rollout import Batch
+
+        wrap: Any = Batch
+    except ImportError:
+        wrap = list
+    with tempfile.TemporaryDirectory(prefix="uni-agent-handout-cost-") as tmp:
+        _, config, _ = write_inputs(Path(tmp), SimOptions(in_flight=[4]), 4)  # the simulation's own agent config
+        agents = AgentConfigs.load(config)
+    # each row's agent as the run builds it (its tools_kwargs over the agent's YAML), its 4 rollouts sharing it
+    row_agents = [agents.for_row("sim", {}, f"row {row}") for row in range(-(-rows // 4))]
+    specs = [RolloutSpec(run_id="bench", instance_id=f"sim-{i // 4:06d}", rollout=i % 4, data_source="bench",
+                         row_index=i // 4, prompt=_messages(i)[:2], agent=row_agents[i // 4]) for i in range(rows)]
+    started = time.process_time()
+    for i in range(0, rows, batch):
+        dumps({"op": "actor_execute", "args": [to_serialize(wrap(specs[i:i + batch]))]})  # as distributed.actor sends
+    return (time.process_time() - started) / rows * 1e6
 
 
 def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any]:
     """The figures; the rows go to `out_dir` (kept) or a temporary dir (removed)."""
     import msgpack
     import structlog
+    from distributed.protocol import loads
 
     from uni_agent.driver.progress import final_fields
     from uni_agent.driver.results import ResultStore
@@ -77,12 +118,13 @@ def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any
         configure_logging(tmp / "logs", "driver")
         log = structlog.get_logger("uni_agent.driver")
         store = ResultStore(tmp / "out", flush_every=16, flush_s=1.0)
-        parts: dict[str, float] = dict.fromkeys(("unpickle", "row", "page_fields", "event_pack", "log_line"), 0.0)
+        parts: dict[str, float] = dict.fromkeys(("reply", "row", "page_fields", "event_pack", "log_line"), 0.0)
         started = time.process_time()
         for reply in replies:
             t = time.process_time()
-            finished = pickle.loads(reply)
-            parts["unpickle"] += time.process_time() - t
+            reply_value = loads(reply)["result"]
+            finished = getattr(reply_value, "items", reply_value)
+            parts["reply"] += time.process_time() - t
             events = []
             for outcome in finished:
                 result = outcome.unwrap()
@@ -105,6 +147,7 @@ def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any
         total = time.process_time() - started
         written = sum(1 for _ in (tmp / "out" / "results").glob("part-*.parquet"))
     return {"rows": rows, "batch": batch, "us_per_row": total / rows * 1e6, "part_files": written,
+            "handout_us_per_spec": handout_us_per_spec(rows, batch),
             "results": str(tmp / "out" / "results") if out_dir else None,
             "parts_us_per_row": {k: v / rows * 1e6 for k, v in parts.items()}}
 

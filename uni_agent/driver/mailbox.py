@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ..episode.rollout import RolloutRaised, RolloutResult, RolloutSpec
+from ..episode.rollout import Batch, RolloutRaised, RolloutResult, RolloutSpec
 
 POLL_S = 2.0  # how long one collect call waits for a result before returning empty
 
@@ -58,7 +58,7 @@ class ActorMailbox:
             self._wake.clear()
             batch, self.outbox = self.outbox, []
             try:
-                await self.actor.start_rollouts(batch)
+                await self.actor.start_rollouts(Batch(batch))
             except Exception as exc:
                 self._fail(exc)
                 return
@@ -70,7 +70,7 @@ class ActorMailbox:
             except Exception as exc:
                 self._fail(exc)
                 return
-            for outcome in finished:
+            for outcome in finished.items:
                 future = self.pending.get((outcome.key[0], int(outcome.key[1])))
                 if future is None or future.done():
                     continue  # its driver-side wait was cancelled

@@ -29,7 +29,7 @@ from ..sandbox import Sandbox
 from .agent_loop import strategy_for
 from .envelope import run_episode, sandbox_closer
 from .replica_versions import ReplicaVersions
-from .rollout import Finished, Outcome, Raised, RolloutResult, RolloutSpec
+from .rollout import Batch, Finished, Outcome, Raised, RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.worker")
 CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts and the sandboxes still closing
@@ -77,8 +77,10 @@ class AgentWorker:
             _save_trajectory(spec.agent.log_dir, result)
         return result
 
-    async def start_rollouts(self, specs: list[RolloutSpec]) -> int:
-        """Start each rollout as a task on this worker's loop and return at once; `collect` returns the results."""
+    async def start_rollouts(self, batch: Batch) -> int:
+        """Start each rollout of the batch (RolloutSpecs) as a task on this worker's loop and return at once;
+        `collect` returns the results."""
+        specs: list[RolloutSpec] = batch.items
         self._last_collect = time.monotonic()
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._cancel_orphans())
@@ -128,15 +130,16 @@ class AgentWorker:
                     task.cancel()
                 self._finished.clear()
 
-    async def collect(self, wait: float) -> list[Outcome]:
-        """The rollouts finished since the last call; waits up to `wait` seconds for one when there is none."""
+    async def collect(self, wait: float) -> Batch:
+        """The rollouts finished since the last call (a Batch of Outcomes); waits up to `wait` seconds for one when
+        there is none."""
         self._last_collect = time.monotonic()
         if not self._finished:
             self._finished_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._finished_event.wait(), wait)
         finished, self._finished = self._finished, []
-        return finished
+        return Batch(finished)
 
     async def cancel_rollouts(self, keys: list[tuple[str, int]]) -> int:
         """Cancel those of these rollouts that run here (their sandboxes close first); returns how many did."""
