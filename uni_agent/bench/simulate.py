@@ -110,7 +110,7 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
 
 
 def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, out: Path, workers: int,
-            env: dict[str, str], log_name: str) -> subprocess.Popen:
+            log_name: str) -> subprocess.Popen:
     log = open(out / log_name, "w")  # noqa: SIM115 - closed with the process
     argv = [str(Path(sys.executable).parent / "uni-agent"), "run", "--data-path", str(data), "--agent-config-path",
             str(config), "--scheduler-file", str(cluster.scheduler_file), "--engine", "external", "--base-url",
@@ -118,8 +118,9 @@ def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, ou
             "--no-progress", "--output-dir", str(out / "run")]
     if not Path(argv[0]).exists():
         argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
-    # the cluster's credentials (a TLS scheduler: the driver joins it as the SLURM job scripts' drivers do)
-    return subprocess.Popen(argv, env={**env, "UNI_AGENT_TLS_DIR": str(cluster.tls_dir)}, stdout=log,
+    # the cluster's environment: its credentials (a TLS scheduler, joined as the SLURM job scripts' drivers do), its
+    # private Dask temporary directory
+    return subprocess.Popen(argv, env=cluster.env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=cluster.cwd, preexec_fn=die_with_bench())
 
@@ -146,13 +147,13 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         events0 = cluster.client.run_on_scheduler(page_probe)["events"]
         load_before = load_average()
         started, started_wall = time.monotonic(), time.time()
-        driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, env, "driver.log")
+        driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, "driver.log")
         try:
             sampler.watch("driver", driver.pid)
             profile(driver.pid, "driver")
             fault_log: list[str] = []
             if faults:
-                driver = _inject_faults(cluster, driver, options, data, config, endpoint.base_url, out, env, sampler,
+                driver = _inject_faults(cluster, driver, options, data, config, endpoint.base_url, out, sampler,
                                         fault_log, echo)
             code = driver.wait()
         finally:  # stopped early (a signal, an error): the driver first, then the cluster and the endpoints
@@ -236,7 +237,7 @@ def driver_phases(log_dir: Path, t0: float) -> list[tuple[str, float]]:
 
 
 def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: SimOptions, data: Path, config: Path,
-                   endpoint: str, out: Path, env: dict[str, str], sampler: Sampler, fault_log: list[str],
+                   endpoint: str, out: Path, sampler: Sampler, fault_log: list[str],
                    echo) -> subprocess.Popen:  # noqa: ANN001
     """Two workers lost at 30% of the ideal makespan; the driver killed once a quarter of the rollouts are on disk
     (so that the resumed driver has rows to skip and rollouts to redo), and started again on the same output dir."""
@@ -254,7 +255,7 @@ def _inject_faults(cluster: ProcessCluster, driver: subprocess.Popen, options: S
     echo(f"    fault: killed the driver ({recorded} of {rollouts} rollouts on disk); starting it again on the same "
          "output dir")
     fault_log.append(f"killed the driver with {recorded} rows on disk")
-    resumed = _driver(cluster, data, config, endpoint, out, options.workers, env, "driver-resumed.log")
+    resumed = _driver(cluster, data, config, endpoint, out, options.workers, "driver-resumed.log")
     sampler.watch("driver-resumed", resumed.pid)
     return resumed
 
