@@ -61,7 +61,8 @@ def test_tiny_simulation_records_every_rollout_once(tmp_path):
         phases = dict(row["driver_phases"])  # the driver's own steps, from its log, in the order they happened
         assert [name for name, _ in row["driver_phases"]] == [
             "inputs_loaded", "results_read", "connected", "engines_ready", "agent_workers_started", "queued",
-            "rollouts_finished", "session_closed", "summary_written"], row["driver_phases"]
+            "rollouts_finished", "events_sent", "agent_workers_closed", "engines_stopped", "session_closed",
+            "summary_written"], row["driver_phases"]
         assert 0 < phases["queued"] <= row["first_started_s"] + 0.5 and phases["rollouts_finished"] < row["wall_s"]
     assert any(line.startswith("growth from 8 to 16 rollouts") for line in lines)
     assert any("0 lost, 0 duplicate keys" in line for line in lines)

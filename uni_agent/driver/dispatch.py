@@ -89,6 +89,7 @@ class Dispatcher:
             self.progress.close()
             await self.mailboxes.close()
             await self.events.close()
+            run_phase("events_sent")
         self.store.not_started = len(self.not_started)
         if self.not_run:
             raise AgentWorkersLost(

@@ -81,9 +81,14 @@ class ActorPool:
             return {actor.worker for actor in self.actors.values()}
 
     async def close(self) -> None:
-        for actor in self.actors.values():
-            with contextlib.suppress(Exception):
-                await actor.handle.close()
+        """Every actor at once: each closes its sandboxes and its engine connections (thousands a worker at 100,000
+        in flight), and one after another that took seconds at a large run's end."""
+        await asyncio.gather(*(_closed(actor) for actor in self.actors.values()))
+
+
+async def _closed(actor: PooledActor) -> None:
+    with contextlib.suppress(Exception):
+        await actor.handle.close()
 
 
 async def _awaited(future: Any) -> Any:

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +50,25 @@ log = structlog.get_logger("uni_agent.driver.run")
 OUTAGE_RERUNS = 2  # times a rollout that waited out an engine outage runs again within the run
 
 
-@dataclass
+# What the summary and the token-capture note read; the conversations, patches and token lists are most of a large
+# run's bytes (100,000 rows: seconds to load into pandas), and the command line never reads them.
+SUMMARY_COLUMNS = ["instance_id", "rollout", "reward", "resolved", "exit_reason", "error", "failure_kind",
+                   "failure_cause", "sandbox_start_s", "llm_s", "tools_s", "verify_s", "total_s", "tokens_missing"]
+
+
 class RunOutcome:
-    results: pd.DataFrame
-    summary: dict[str, Any]
-    problems: list[RowProblem] = field(default_factory=list)
+    """A run's rows (`results`, a DataFrame with one row per rollout, read from the output dir the first time it is
+    asked for when the run passed a reader instead), its summary and the rows it rejected."""
+
+    def __init__(self, results: pd.DataFrame | Callable[[], pd.DataFrame], summary: dict[str, Any],
+                 problems: list[RowProblem] | None = None):
+        self._results, self.summary, self.problems = results, summary, problems or []
+
+    @property
+    def results(self) -> pd.DataFrame:
+        if callable(self._results):
+            self._results = self._results()
+        return self._results
 
 
 def run(
@@ -137,9 +150,14 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     store.check_written()  # ResultsNotWritten: results kept in a spill, or rollouts not started for a full disk
 
     wanted = {s.key for s in specs}
-    results = store.read()
-    results = results[[k in wanted for k in zip(results["instance_id"], results["rollout"].astype(int))]]
-    summary = summarize(results.reset_index(drop=True), num_tasks=len(specs) // settings.n, n=settings.n,
+
+    def this_runs(columns: list[str] | None) -> pd.DataFrame:  # the output dir may hold an earlier run's other rows
+        frame = store.read(columns=columns)
+        keys = zip(frame["instance_id"], frame["rollout"].astype(int), strict=True)
+        return frame[[k in wanted for k in keys]].reset_index(drop=True)
+
+    results = this_runs(SUMMARY_COLUMNS)
+    summary = summarize(results, num_tasks=len(specs) // settings.n, n=settings.n,
                         wall_seconds=time.monotonic() - started,
                         extra={"run_id": run_id, "rejected_rows": len(problems), "output_dir": str(output_dir)})
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -147,7 +165,7 @@ async def _run(data: str | Path | list[dict[str, Any]] | None, agent_config: str
     if capture is not None and (note := capture_note(capture, settings.engine, results)) is not None:
         print(note, file=sys.stderr)
     manifest.finish(summary)
-    return RunOutcome(results.reset_index(drop=True), summary, problems)
+    return RunOutcome(lambda: this_runs(None), summary, problems)
 
 
 def rerun_engine_outages(limit: int = OUTAGE_RERUNS) -> Callable[[RolloutSpec, Any], bool]:

@@ -99,8 +99,10 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                 finally:
                     versions.cancel()  # a session that ended before its engines answered
                     await pool.close()
+                    run_phase("agent_workers_closed")
             finally:
                 await engines.stop()
+                run_phase("engines_stopped")
 
 
 async def _show_page(client: Client) -> None:
