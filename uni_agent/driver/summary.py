@@ -30,8 +30,12 @@ def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: fl
     per_task = results.groupby("instance_id")["reward"] if len(results) else None
     pass_k: dict[str, float] = {}
     if per_task is not None:
+        # rollouts and passes per task counted by pandas at once: a comparison per task's group took 5.8 s at 25,000
+        # tasks (100,000 rollouts), after the work was done
+        tries = per_task.size()
+        passed = (rewards >= 1).groupby(results["instance_id"]).sum().reindex(tries.index)
         for k in sorted({1, n}):
-            scores = [pass_at_k(len(g), int((g >= 1).sum()), k) for _, g in per_task if len(g) >= k]
+            scores = [pass_at_k(t, int(c), k) for t, c in zip(tries.tolist(), passed.tolist(), strict=True) if t >= k]
             if scores:
                 pass_k[f"pass@{k}"] = round(sum(scores) / len(scores), 4)
     summary = {
