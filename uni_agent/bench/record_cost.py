@@ -91,10 +91,10 @@ def handout_us_per_spec(rows: int, batch: int) -> float:
     with tempfile.TemporaryDirectory(prefix="uni-agent-handout-cost-") as tmp:
         _, config, _ = write_inputs(Path(tmp), SimOptions(in_flight=[4]), 4)  # the simulation's own agent config
         agents = AgentConfigs.load(config)
-    # each row's agent as the run builds it (its tools_kwargs over the agent's YAML), its 4 rollouts sharing it
-    row_agents = [agents.for_row("sim", {}, f"row {row}") for row in range(-(-rows // 4))]
+    # the simulation's rows carry no tools_kwargs, so every spec shares the agent's one validated config, as in its run
+    agent = agents.for_row("sim", {}, "bench")
     specs = [RolloutSpec(run_id="bench", instance_id=f"sim-{i // 4:06d}", rollout=i % 4, data_source="bench",
-                         row_index=i // 4, prompt=_messages(i)[:2], agent=row_agents[i // 4]) for i in range(rows)]
+                         row_index=i // 4, prompt=_messages(i)[:2], agent=agent) for i in range(rows)]
     started = time.process_time()
     for i in range(0, rows, batch):
         dumps({"op": "actor_execute", "args": [to_serialize(wrap(specs[i:i + batch]))]})  # as distributed.actor sends
