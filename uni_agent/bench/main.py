@@ -183,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-only", action="store_true",
                         help="only the LLM client's CPU per request (2,000 requests, 100 in flight, a scripted endpoint)")
     parser.add_argument("--record-only", action="store_true",
-                        help="only the driver's CPU per recorded rollout (20,000 rows: unpickled, written to Parquet, "
+                        help="only the driver's CPU per recorded rollout (20,000 rows: deserialized, written to Parquet, "
                         "the page's fields and the log line; bench/record_cost.py)")
     sim = parser.add_argument_group("--simulate: the control plane at scale (uni_agent/bench/simulate.py)")
     sim.add_argument("--simulate", action="store_true",

@@ -41,6 +41,16 @@ def _messages(i: int) -> list[dict[str, Any]]:
     return messages
 
 
+def _batch_type() -> Any:
+    """What the tree's driver and workers wrap a batch of specs or outcomes in: its `Batch`, or the list itself in a
+    tree from before Batch."""
+    try:
+        from uni_agent.episode.rollout import Batch
+    except ImportError:
+        return list
+    return Batch
+
+
 def _replies(rows: int, batch: int) -> list[list[bytes]]:
     """The workers' `collect` replies, as Dask's protocol frames them on the way to the driver."""
     from distributed.protocol import dumps, to_serialize
@@ -48,12 +58,7 @@ def _replies(rows: int, batch: int) -> list[list[bytes]]:
     from uni_agent.episode.exit_reason import ExitReason
     from uni_agent.episode.rollout import Finished, RolloutResult
 
-    try:
-        from uni_agent.episode.rollout import Batch
-
-        wrap: Any = Batch
-    except ImportError:  # a tree from before Batch: its workers replied with the list itself
-        wrap = list
+    wrap = _batch_type()
 
     def frames(results: list[Any]) -> list[bytes]:
         return [bytes(f) for f in dumps({"status": "OK", "result": to_serialize(wrap(results))})]
@@ -82,12 +87,7 @@ def handout_us_per_spec(rows: int, batch: int) -> float:
     from uni_agent.config import AgentConfigs
     from uni_agent.episode.rollout import RolloutSpec
 
-    try:
-        from uni_agent.episode.rollout import Batch
-
-        wrap: Any = Batch
-    except ImportError:
-        wrap = list
+    wrap = _batch_type()
     with tempfile.TemporaryDirectory(prefix="uni-agent-handout-cost-") as tmp:
         _, config, _ = write_inputs(Path(tmp), SimOptions(in_flight=[4]), 4)  # the simulation's own agent config
         agents = AgentConfigs.load(config)
