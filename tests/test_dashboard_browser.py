@@ -277,9 +277,11 @@ def test_live_page_follows_a_run_and_the_report_shows_it(browser, fresh_cluster,
     assert errors == [], errors
 
 
-def test_detail_view_keeps_the_complete_messages_of_a_clipped_trajectory(browser, fresh_cluster):
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")], ids=["json-module", "compact (agent workers)"])
+def test_detail_view_keeps_the_complete_messages_of_a_clipped_trajectory(browser, fresh_cluster, separators):
     """The driver cuts a long trajectory's JSON text at MAX_TRAJECTORY_CHARS, which leaves it unparseable: the
-    detail view shows the messages that are complete and says the copy was clipped."""
+    detail view shows the messages that are complete and says the copy was clipped, whether the text was written by
+    the json module or compact (orjson, as agent workers encode a conversation)."""
     from uni_agent.dashboard import UniAgentDashboard
     from uni_agent.events import MAX_TRAJECTORY_CHARS, TOPIC, rollout_event
 
@@ -290,8 +292,8 @@ def test_detail_view_keeps_the_complete_messages_of_a_clipped_trajectory(browser
         messages.append({"role": "assistant", "content": "", "tool_calls": [{"id": f"c{len(messages)}",
                          "type": "function", "function": {"name": "execute_bash", "arguments": '{"command": "ls"}'}}]})
         messages.append({"role": "tool", "tool_call_id": f"c{len(messages)}", "content": 'x}, {"y' * 400})
-    text = json.dumps(messages, ensure_ascii=False)[:MAX_TRAJECTORY_CHARS]
-    run_id = "clipped-run"
+    text = json.dumps(messages, ensure_ascii=False, separators=separators)[:MAX_TRAJECTORY_CHARS]
+    run_id = f"clipped-run-{len(separators[0])}"
     for state, fields in (("queued", {"max_turns": 99}), ("starting_sandbox", {"worker": "w"}),
                           ("done", {"reward": 0.0, "exit_reason": "max_turns", "num_turns": 99, "worker": "w",
                                     "messages": text, "verification": "{}"})):
@@ -305,6 +307,7 @@ def test_detail_view_keeps_the_complete_messages_of_a_clipped_trajectory(browser
     expect(page.locator("#run-id")).to_have_text(run_id)
     expect(page.locator("#clipped-note")).to_contain_text("clipped")
     shown = page.locator("#messages .msg").count()
-    complete = max(i for i in range(1, len(messages) + 1) if len(json.dumps(messages[:i])) <= MAX_TRAJECTORY_CHARS)
+    complete = max(i for i in range(1, len(messages) + 1)
+                   if len(json.dumps(messages[:i], separators=separators)) <= MAX_TRAJECTORY_CHARS)
     assert shown == complete
     expect(page.locator("#messages .msg.role-tool").first).to_contain_text('x}, {"y')

@@ -140,10 +140,10 @@ class RolloutResult:
 
     def messages_text(self) -> str:
         """The conversation as JSON text: as it crossed from the agent worker while no one has read `messages` here
-        since (reading may change it), else encoded now."""
+        since (reading may change it), else encoded now, the same way."""
         if "messages" not in self.__dict__ and _MESSAGES_TEXT in self.__dict__:
             return self.__dict__[_MESSAGES_TEXT]
-        return json.dumps(self.messages, ensure_ascii=False)
+        return dumps_json(self.messages).decode()
 
     # A finished rollout crosses from its agent worker to the driver pickled, and the driver of a large run records
     # a wave's worth at once (issue 40). So the conversation crosses as one JSON text, encoded on the worker with
