@@ -93,10 +93,17 @@ def cluster(tmp_path_factory):
                 return [name for name in PROFILE_CALLBACKS if name in dask_worker.periodic_callbacks]
 
             profiling = client.run(profile_callbacks)
+
+            def system_monitor(dask_worker) -> tuple[float, bool]:
+                callback = dask_worker.periodic_callbacks["monitor"]
+                return callback.callback_time, callback.is_running()
+
+            monitors = client.run(system_monitor)
             yield {"client": client, "scheduler_file": scheduler_file, "tls": tls, "security": security,
                    "records": records, "logs": logs,
                    "gpu": by_name["gpu-worker"], "sandbox": by_name["sandbox-worker"],
-                   "gpu_pid": pids[by_name["gpu-worker"]], "preloaded": preloaded, "profiling": profiling}
+                   "gpu_pid": pids[by_name["gpu-worker"]], "preloaded": preloaded, "profiling": profiling,
+                   "monitors": monitors}
     finally:
         for proc, out in reversed(procs):
             proc.terminate()
@@ -122,6 +129,13 @@ def test_the_worker_preload_stops_dasks_profiler_sampling_the_agents_event_loop(
     without the preload (nor the job scripts' environment), keeps Dask's."""
     assert cluster["profiling"][cluster["sandbox"]] == []
     assert cluster["profiling"][cluster["gpu"]] == ["profile", "profile-cycle"]
+
+
+def test_the_worker_preload_makes_dasks_system_monitor_sample_every_2_s(cluster):
+    """uni_agent.worker_monitor: the preloaded sandbox worker samples itself (open files included) every 2 s, and
+    does sample; the GPU worker, started without the preload, keeps Dask's 0.5 s."""
+    assert cluster["monitors"][cluster["sandbox"]] == (2000, True)
+    assert cluster["monitors"][cluster["gpu"]] == (500, True)
 
 
 @pytest.fixture

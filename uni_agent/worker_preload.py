@@ -4,8 +4,9 @@ It imports what an agent worker's rollouts run on (the AgentWorker actor, our ag
 tools) when the dask worker starts. Without it the first run on a fresh worker pays for those imports when its actors
 start and its first sandboxes open, while every rollout of the first wave waits (0.4 s of one core per worker here,
 more when the workers of a node import at once). It also closes the worker's own HTTP server, which answers any user
-of the node (uni_agent.dashboard.guard.stop_worker_pages), and stops Dask's profiler's sampling of the agents' event
-loop (uni_agent.dask_profiler). A run's own LocalCluster and the SLURM recipes load it.
+of the node (uni_agent.dashboard.guard.stop_worker_pages), stops Dask's profiler's sampling of the agents' event
+loop (uni_agent.dask_profiler) and makes Dask's system monitor sample every 2 s (uni_agent.worker_monitor). A run's
+own LocalCluster and the SLURM recipes load it.
 Without it everything is imported on first use, and the worker's /metrics stays open to the node.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from .dashboard.guard import stop_worker_pages
 from .dask_profiler import stop_worker_profiler
 from .logs import keep_strangers_off_console
+from .worker_monitor import slow_worker_monitor
 
 from .driver.interrupt import DRIVER_STOPS_ME
 
@@ -44,6 +46,7 @@ def dask_setup(worker: Any) -> None:
     keep_strangers_off_console()  # another user's connection attempts on this worker's ports: not on the console
     stop_worker_pages(worker)  # Dask's per-worker /metrics, /health: readable by any user of the node, used by none
     stop_worker_profiler(worker)  # 100 samples a second on the agents' event loop (uni_agent.dask_profiler)
+    slow_worker_monitor(worker)  # its open files counted twice a second (uni_agent.worker_monitor)
     if os.environ.get(DRIVER_STOPS_ME) == "1":
         with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT as it is
             signal.signal(signal.SIGINT, signal.SIG_IGN)
