@@ -30,9 +30,13 @@ def table_head() -> str:
     return f"{head}\n{'-' * len(head)}"
 
 
+def _workers_cpu_s(row: dict[str, Any]) -> float:
+    return sum(row["cpu_s"][w] for w in row["worker_cores"])
+
+
 GROWTH = [("scheduler CPU s", lambda r: r["cpu_s"].get("scheduler", 0.0)),
           ("driver CPU s", lambda r: r["cpu_s"].get("driver", 0.0) + r["cpu_s"].get("driver-resumed", 0.0)),
-          ("workers CPU s", lambda r: sum(r["cpu_s"][w] for w in r["worker_cores"])),
+          ("workers CPU s", _workers_cpu_s),
           ("scheduler peak MiB", lambda r: r["peak_rss_mib"].get("scheduler", 0.0)),
           ("driver peak MiB", lambda r: r["peak_rss_mib"].get("driver", 0.0)),
           ("workers peak MiB", lambda r: sum(r["peak_rss_mib"].get(w, 0.0) for w in r["worker_cores"])),
@@ -70,7 +74,9 @@ def before_after(before: dict[str, Any], after: dict[str, Any], ref: str) -> lis
             f"{b['rollouts_per_min']:.0f} -> {row['rollouts_per_min']:.0f}, makespan {b['makespan_s']:.0f} -> "
             f"{row['makespan_s']:.0f} s, driver CPU {b['cpu_s'].get('driver', 0):.1f} -> "
             f"{row['cpu_s'].get('driver', 0):.1f} s, scheduler CPU {b['cpu_s'].get('scheduler', 0):.1f} -> "
-            f"{row['cpu_s'].get('scheduler', 0):.1f} s, record tail {b.get('record_tail_s', math.nan):.1f} -> "
+            f"{row['cpu_s'].get('scheduler', 0):.1f} s, workers CPU {_workers_cpu_s(b):.1f} -> "
+            f"{_workers_cpu_s(row):.1f} s, "
+            f"record tail {b.get('record_tail_s', math.nan):.1f} -> "
             f"{row.get('record_tail_s', math.nan):.1f} s")
     return lines
 
