@@ -69,3 +69,24 @@ def test_a_call_to_a_lost_workers_actor_ends_and_a_live_ones_answers(how: str) -
     assert isinstance(error, OSError | RuntimeError) and not isinstance(error, TimeoutError), repr(error)
     assert seconds < 30, seconds  # the watch polls every 0.5 s here; the scheduler notices a dead worker in ~1 s
     assert answer == "answered"  # a live worker's call is untouched by the watch
+
+
+def test_close_stops_the_poll_that_outlives_the_last_call() -> None:
+    """The poll sleeps on past an answered call; close() ends it, so no pending task is left to the loop's end."""
+    async def main() -> tuple[bool, bool]:
+        async def everyone() -> set[str]:
+            return {"w"}
+
+        watch = WorkerWatch(everyone, every=30)
+
+        async def answer() -> str:
+            return "answered"
+
+        assert await watch.call("w", answer(), "answer") == "answered"
+        poller = watch._poller
+        assert poller is not None
+        sleeping = not poller.done()
+        await watch.close()
+        return sleeping, poller.done()
+
+    assert asyncio.run(main()) == (True, True)

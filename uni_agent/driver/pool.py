@@ -84,6 +84,7 @@ class ActorPool:
         """Every actor at once: each closes its sandboxes and its engine connections (thousands a worker at 100,000
         in flight), and one after another that took seconds at a large run's end."""
         await asyncio.gather(*(_closed(actor) for actor in self.actors.values()))
+        await self.watch.close()
 
 
 async def _closed(actor: PooledActor) -> None:

@@ -51,6 +51,15 @@ class WorkerWatch:
             if not waiting:
                 self._waiting.pop(worker, None)
 
+    async def close(self) -> None:
+        """The poll stopped: it sleeps up to `every` past the last call, and an event loop closed under it warns
+        "Task was destroyed but it is pending" (CI's log printed it at the end of the suite)."""
+        poller, self._poller = self._poller, None
+        if poller is not None and not poller.done():
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+
     async def _poll(self) -> None:
         while self._waiting:
             await asyncio.sleep(self.every)
