@@ -17,7 +17,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from uni_agent.driver.cluster import live_workers
-from uni_agent.driver.worker_watch import WatchedActor, WorkerWatch
+from uni_agent.driver.worker_watch import WatchedActor, WorkerLeft, WorkerWatch
 
 
 async def _drop_worker(dask_scheduler: Any, address: str) -> None:
@@ -90,3 +90,26 @@ def test_close_stops_the_poll_that_outlives_the_last_call() -> None:
         return sleeping, poller.done()
 
     assert asyncio.run(main()) == (True, True)
+
+
+def test_close_leaves_the_poll_to_a_call_still_waiting() -> None:
+    """A call still waiting keeps its watch through close(): its worker's leaving still ends it."""
+    async def main() -> str:
+        live = {"w"}
+
+        async def listed() -> set[str]:
+            return set(live)
+
+        watch = WorkerWatch(listed, every=0.05)
+        never = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(watch.call("w", never, "wait"))
+        await asyncio.sleep(0.1)
+        await watch.close()
+        live.clear()
+        try:
+            await asyncio.wait_for(call, 5)
+        except WorkerLeft as exc:
+            return type(exc).__name__
+        return "answered"
+
+    assert asyncio.run(main()) == "WorkerLeft"

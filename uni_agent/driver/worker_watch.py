@@ -52,8 +52,11 @@ class WorkerWatch:
                 self._waiting.pop(worker, None)
 
     async def close(self) -> None:
-        """The poll stopped: it sleeps up to `every` past the last call, and an event loop closed under it warns
-        "Task was destroyed but it is pending" (CI's log printed it at the end of the suite)."""
+        """The poll stopped once no call waits: it sleeps up to `every` past the last call, and an event loop closed
+        under it warns "Task was destroyed but it is pending" (CI's log printed it at the end of the suite). A call
+        still waiting keeps its watch; the poll then ends with the last such call."""
+        if self._waiting:
+            return
         poller, self._poller = self._poller, None
         if poller is not None and not poller.done():
             poller.cancel()
