@@ -53,10 +53,10 @@ def agent_config(command: str, mounts: dict[str, str], **interaction: Any) -> Ag
     })
 
 
-def run_on_engine(url: str, agent: AgentConfig) -> RolloutResult:
+def run_on_engine(url: str, agent: AgentConfig, max_tokens: int = 48) -> RolloutResult:
     async def main() -> RolloutResult:
         client = ChatClient(f"{url}/v1", "smol", token_capture="llama_server",
-                            sampling={"temperature": 0.8, "max_tokens": 48, "seed": 7})
+                            sampling={"temperature": 0.8, "max_tokens": max_tokens, "seed": 7})
         gateway = await Gateway().start()
         try:
             return await run_episode(HarnessAgent(agent, gateway=gateway), spec(agent), client)
@@ -91,20 +91,30 @@ def test_the_example_program_s_calls_are_one_chain_that_decodes_to_its_calls(lla
     calls, the program gets them as function calls; the sampled spans decode to exactly those calls."""
     agent = agent_config("python3 /opt/example/agent.py", {"/opt/example": str(EXAMPLE)}, tools_in="prompt",
                          tool_call_parser="hermes", constrain_tool_calls=True)
-    result = run_on_engine(llama_server, agent)
+    max_tokens = 128  # most calls fit; one that does not is cut mid-JSON (below)
+    result = run_on_engine(llama_server, agent, max_tokens)
     assert result.num_turns >= 1 and result.exit_reason in ("submitted", "max_turns"), result.error
     check_aligned(result)
     assert result.token_drift is None, result.token_drift  # token-in: every call continued the last one exactly
     chains = result.chains
     assert len(chains) == 1 and chains[0]["token_end"] == len(result.input_ids)
-    calls = [c for m in result.messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    replies = [m for m in result.messages if m["role"] == "assistant"]
     end = _special(llama_server, "<|im_end|>")
     spans = sampled_spans(result)
-    assert len(spans) == result.num_turns == len(calls)
-    for span, call in zip(spans, calls):
-        said = json.loads(_detokenize(llama_server, span[:-1] if span[-1:] == end else span))
+    assert len(spans) == result.num_turns == len(replies)
+    for span, reply in zip(spans, replies):
+        said = _detokenize(llama_server, span[:-1] if span[-1:] == end else span)
+        if not reply.get("tool_calls"):
+            # Sampled at temperature 0.8, a call can outgrow max_tokens: cut mid-JSON, the program gets it as text
+            # (CI met one at 48 tokens; here seeds 5 and 10 did at 48, seed 10 at 128). The span is then the whole
+            # budget, and that text.
+            assert len(span) == max_tokens and said.strip() == reply["content"].strip(), (len(span), reply)
+            continue
+        (call,) = reply["tool_calls"]
+        said = json.loads(said)
         assert said["name"] == call["function"]["name"]
         assert said["arguments"] == json.loads(call["function"]["arguments"])
+    assert any(reply.get("tool_calls") for reply in replies), replies  # at least one call was compared
     first_prompt = result.input_ids[:result.loss_mask.index(1)]
     assert "roman" in _detokenize(llama_server, first_prompt).lower()  # the task is in the prompt ids
 
