@@ -27,24 +27,25 @@ def summarize(results: pd.DataFrame, *, num_tasks: int, n: int, wall_seconds: fl
     exit_reasons = {reason: 0 for reason in EXIT_REASONS}
     for reason, count in results["exit_reason"].value_counts().items() if len(results) else []:
         exit_reasons[str(reason)] = int(count)
-    per_task = results.groupby("instance_id")["reward"] if len(results) else None
+    # rollouts and passes per task counted by pandas at once: a comparison per task's group took 5.8 s at 25,000
+    # tasks (100,000 rollouts), after the work was done
+    if len(results):
+        passes = (rewards >= 1).groupby(results["instance_id"])
+        tries, passed = passes.size(), passes.sum()
+    else:
+        tries = passed = pd.Series(dtype=int)
     pass_k: dict[str, float] = {}
-    if per_task is not None:
-        # rollouts and passes per task counted by pandas at once: a comparison per task's group took 5.8 s at 25,000
-        # tasks (100,000 rollouts), after the work was done
-        tries = per_task.size()
-        passed = (rewards >= 1).groupby(results["instance_id"]).sum().reindex(tries.index)
-        for k in sorted({1, n}):
-            scores = [pass_at_k(t, int(c), k) for t, c in zip(tries.tolist(), passed.tolist(), strict=True) if t >= k]
-            if scores:
-                pass_k[f"pass@{k}"] = round(sum(scores) / len(scores), 4)
+    for k in sorted({1, n}):
+        scores = [pass_at_k(t, int(c), k) for t, c in zip(tries.tolist(), passed.tolist(), strict=True) if t >= k]
+        if scores:
+            pass_k[f"pass@{k}"] = round(sum(scores) / len(scores), 4)
     summary = {
         "num_tasks": num_tasks,
         "n": n,
         "num_rollouts": int(len(results)),
         "avg_at_n": round(float(rewards.mean()), 4) if len(rewards) else 0.0,
         "resolved": int((rewards >= 1).sum()),
-        "resolved_instances": int(per_task.max().ge(1).sum()) if per_task is not None else 0,
+        "resolved_instances": int(passed.ge(1).sum()),
         **pass_k,
         "exit_reasons": exit_reasons,
         "errors": int(results["error"].notna().sum()) if len(results) else 0,
