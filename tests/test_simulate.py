@@ -5,13 +5,17 @@ the endpoint pool. No timing asserts: the figures must exist and the results mus
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 
 from uni_agent.bench.simulate import SimOptions, ideal_makespan, run_simulation
+from uni_agent.bench.simulate_processes import ProcessCluster
 from uni_agent.config import AgentConfigs, ConfigError, EnvConfig
 from uni_agent.sandbox.memory import MemoryDeploymentConfig
 from uni_agent.sandbox.start import workspace_patch
+from uni_agent.worker_monitor import MONITOR_CALLBACK, MONITOR_INTERVAL_MS
 
 
 def test_memory_sandbox_takes_its_time_and_answers_canned_output():
@@ -40,6 +44,17 @@ def test_memory_deployment_is_validated_like_the_others(tmp_path):
     path.write_text("- name: a\n  env:\n    deployment:\n      type: memory\n      command_sec: 1\n")
     with pytest.raises(ConfigError, match="command_sec"):
         AgentConfigs.load(path)
+
+
+def test_the_simulations_workers_load_the_worker_preload_as_the_slurm_recipes_do(tmp_path):
+    """Without it the simulated workers sampled Dask's system monitor every 0.5 s and imported the rollouts' modules
+    in the first wave: figures of a worker no run starts."""
+
+    def preloaded(dask_worker) -> tuple[float, bool]:
+        return dask_worker.periodic_callbacks[MONITOR_CALLBACK].callback_time, "uni_agent.episode.worker" in sys.modules
+
+    with ProcessCluster(1, tmp_path / "cluster", dict(os.environ)) as cluster:
+        assert list(cluster.client.run(preloaded).values()) == [(MONITOR_INTERVAL_MS, True)]
 
 
 def test_tiny_simulation_records_every_rollout_once(tmp_path):

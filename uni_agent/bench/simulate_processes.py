@@ -14,19 +14,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .lifetime import die_with_bench
-
 from ..dashboard import page_token
 from ..dask_profiler import OFF_IN_ENVIRONMENT, profiler_kept
+from ..driver.cluster import WORKER_PRELOAD
 from ..driver.tls import CA_FILE, CERT_FILE, KEY_FILE, write_credentials
 from ..private_dirs import dask_dir
+from .lifetime import die_with_bench
 
 
 class ProcessCluster:
-    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation, and
-    guarded as the job scripts guard theirs: TLS with credentials of its own (a scheduler without it runs what any
-    local user sends it, as this user), a private scratch dir, Dask's profiler off. `env` gets what a driver needs to
-    join it (the credentials' directory: UNI_AGENT_TLS_DIR, the tls_dir setting)."""
+    """A `dask scheduler` and `workers` `dask worker` processes (each with its nanny), as on a SLURM allocation: the
+    workers load the worker preload as cluster/sandbox-workers.sbatch's do (without it, Dask's system monitor sampled
+    every 0.5 s and the first wave paid for the imports), and all of it guarded as the job scripts guard theirs: TLS
+    with credentials of its own (a scheduler without it runs what any local user sends it, as this user), a private
+    scratch dir, Dask's profiler off. `env` gets what a driver needs to join it (the credentials' directory:
+    UNI_AGENT_TLS_DIR, the tls_dir setting)."""
 
     def __init__(self, workers: int, work_dir: Path, env: dict[str, str], cwd: Path | None = None):
         self.tls_dir = work_dir / "tls"
@@ -66,7 +68,7 @@ class ProcessCluster:
         for i in range(self.n):
             self._start(f"worker-{i}", "worker", "--scheduler-file", str(self.scheduler_file), "--host", "127.0.0.1",
                         *tls, "--nthreads", "2", "--resources", "SANDBOX=100000", "--memory-limit", "0",
-                        "--no-dashboard", "--name", f"sim-{i}")
+                        "--no-dashboard", "--name", f"sim-{i}", "--preload", WORKER_PRELOAD)
         from distributed import Client
 
         from ..driver.tls import file_security
