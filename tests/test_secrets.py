@@ -94,3 +94,31 @@ def test_token_shapes_are_redacted_without_registration():
         assert secret not in cleaned
     register_secret("a-registered-value-1")
     assert redact("x a-registered-value-1 y") == "x *** y"
+
+
+def test_a_logged_exception_carries_neither_a_secret_nor_its_frames_locals(tmp_path):
+    """log.exception (the gateway logs its failed calls so) writes the exception's message and frames: the message
+    redacted, the frames without their local variables (a key in a variable, a header, a request)."""
+    import structlog
+
+    from uni_agent.logs import configure_logging
+
+    register_secret(SECRET)
+    path = configure_logging(tmp_path, "t")
+
+    def call_endpoint(key: str) -> None:
+        headers = {"Authorization": f"Token {key}"}
+        note = f"headers {headers}"
+        raise ValueError(f"http://engine/v1?key={key} refused ({len(note)})")
+
+    try:
+        call_endpoint(SECRET)
+    except ValueError:
+        structlog.get_logger("t").exception("endpoint_call_failed")
+    [line] = path.read_text().splitlines()
+    record = json.loads(line)
+    assert SECRET not in line, line
+    [exc] = record["exception"]
+    assert exc["exc_type"] == "ValueError" and "key=*** refused" in exc["exc_value"]
+    assert [f["name"] for f in exc["frames"]][-1] == "call_endpoint"  # the frames are there, their locals not
+    assert all("locals" not in f for f in exc["frames"]), exc["frames"]
