@@ -12,7 +12,7 @@ import pytest
 
 from uni_agent.dashboard import DashboardState, UniAgentDashboard, page_token, page_url
 from uni_agent.dashboard.state import percentile
-from uni_agent.events import STATES, TOPIC
+from uni_agent.events import STATES, TOPIC, batch_event, trim_trajectories
 
 
 def ev(state, instance="a", k=0, t=0.0, run="run-1", **fields):
@@ -225,6 +225,32 @@ def test_old_trajectories_are_evicted_beyond_the_limit():
     assert state.rollout_detail("run-1", "t0", 0)["messages"] is None
     state.apply(ev("running", "x", 0, 1, turn=1, worker="w"))
     assert state.rollout_detail("run-1", "x", 0)["trajectory"] == "pending"
+
+
+def test_trajectories_the_driver_trims_leave_the_page_as_the_full_events_do():
+    """The driver sends only the trajectories of the last PAGE_TRAJECTORIES finished rollouts of a flush; the page
+    would have evicted the others on arrival. Each rollout's detail is the same either way (in one batch, one by
+    one, and after earlier trajectories were held)."""
+    earlier = [e for i in range(4) for e in lifecycle(f"old{i}", t0=i)]
+    wave = [e for i in range(12) for e in lifecycle(f"t{i}", t0=10 + i, failed=i % 5 == 0)]
+    trimmed = [dict(e) for e in wave]
+    assert trim_trajectories(trimmed, keep=5) == 7
+    assert [("messages" in e, e.get("trajectory")) for e in trimmed if e["state"] in ("done", "failed")] == \
+        [(False, "evicted")] * 7 + [(True, None)] * 5
+    keys = [(f"old{i}", 0) for i in range(4)] + [(f"t{i}", 0) for i in range(12)]
+    for as_batch in (False, True):
+        full, cut = DashboardState(max_trajectories=5), DashboardState(max_trajectories=5)
+        for state, events in ((full, wave), (cut, trimmed)):
+            for e in earlier:
+                state.apply(e)
+            if as_batch:
+                state.apply(batch_event(events))
+            else:
+                for e in events:
+                    state.apply(e)
+        details = [(full.rollout_detail("run-1", *k), cut.rollout_detail("run-1", *k)) for k in keys]
+        assert all(a == b for a, b in details), [k for k, (a, b) in zip(keys, details, strict=True) if a != b]
+        assert [a["trajectory"] for a, _ in details].count("held") == 5
 
 
 def test_sandbox_histogram_is_cumulative():

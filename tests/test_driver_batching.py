@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster
 from uni_agent.driver.progress import MESSAGE_CHARS, PER_MESSAGE, RolloutEvents, message_size
 from uni_agent.driver.results import ResultStore
 from uni_agent.episode.rollout import RolloutResult
-from uni_agent.events import TOPIC, unbatch
+from uni_agent.events import PAGE_TRAJECTORIES, TOPIC, unbatch
 
 
 def _result(i: int) -> RolloutResult:
@@ -43,8 +43,11 @@ def test_finished_rollouts_reach_the_scheduler_in_a_few_messages():
 
     logged = asyncio.run(main())
     assert len(logged) == 3
-    states = [e["state"] for _, msg in logged for e in unbatch(msg)]
-    assert states == ["done"] * 1500 + ["verifying"]
+    sent = [e for _, msg in logged for e in unbatch(msg)]
+    assert [e["state"] for e in sent] == ["done"] * 1500 + ["verifying"]
+    # only the trajectories the page keeps (PAGE_TRAJECTORIES, the latest) travel; the others are marked evicted
+    assert [("messages" in e, e.get("trajectory")) for e in sent[:1500]] == \
+        [(False, "evicted")] * (1500 - PAGE_TRAJECTORIES) + [(True, None)] * PAGE_TRAJECTORIES
 
 
 def test_a_message_holds_at_most_its_share_of_trajectory_text():

@@ -34,6 +34,8 @@ class RolloutState(StrEnum):
 
 STATES: tuple[str, ...] = tuple(state.value for state in RolloutState)
 MAX_TRAJECTORY_CHARS = 200_000  # the detail view's copy; the full trajectory is in the Parquet results
+PAGE_TRAJECTORIES = 1000  # the page holds the trajectories of the latest this many finished rollouts
+TRAJECTORY_FIELDS = ("messages", "verification")  # what a finished rollout's event carries for the detail view
 TURN_EVENTS_HOLD_S = 0.25  # how long a worker holds turn events to send them as one batch
 
 Emit = Callable[[dict[str, Any]], None]
@@ -57,6 +59,26 @@ def batch_event(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Many events as one message: the driver queues a whole run at its start in a few round trips to the
     scheduler instead of one per rollout (20,000 sequential round trips held every rollout back for seconds)."""
     return {"kind": "batch", "events": events}
+
+
+def trim_trajectories(events: list[dict[str, Any]], keep: int = PAGE_TRAJECTORIES) -> int:
+    """Of the finished rollouts' events in `events` (in the order they will be sent), only the last `keep` carry
+    their trajectory; the earlier ones are marked `trajectory: evicted` instead. The page holds the latest `keep`
+    trajectories, so those would be evicted as soon as the later ones arrived: what the page shows is the same, and
+    at 100,000 in flight a wave's end no longer sends (and the scheduler no longer folds and keeps in its event log)
+    tens of thousands of trajectories to drop them. Returns how many were trimmed."""
+    carried = 0
+    trimmed = 0
+    for event in reversed(events):
+        if not any(field in event for field in TRAJECTORY_FIELDS):
+            continue
+        carried += 1
+        if carried > keep:
+            for field in TRAJECTORY_FIELDS:
+                event.pop(field, None)
+            event["trajectory"] = "evicted"
+            trimmed += 1
+    return trimmed
 
 
 def unbatch(msg: Any) -> list[Any]:

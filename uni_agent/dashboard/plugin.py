@@ -28,7 +28,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
-from ..events import TOPIC
+from ..events import PAGE_TRAJECTORIES, TOPIC
 from .guard import guard_pages
 from .records import SANDBOX_BUCKETS
 from .state import DashboardState
@@ -43,7 +43,7 @@ class UniAgentDashboard(SchedulerPlugin):
     name = "uni-agent-dashboard"
     idempotent = True
 
-    def __init__(self, max_runs: int = 50, max_trajectories: int = 1000, prefix: str = "/"):
+    def __init__(self, max_runs: int = 50, max_trajectories: int = PAGE_TRAJECTORIES, prefix: str = "/"):
         self.max_runs, self.max_trajectories, self.prefix = max_runs, max_trajectories, prefix
         self.state = DashboardState(max_runs, max_trajectories)
         self.scheduler: Any = None

@@ -19,7 +19,7 @@ import math
 from collections import Counter, deque
 from typing import Any
 
-from ..events import STATES, unbatch
+from ..events import PAGE_TRAJECTORIES, STATES, unbatch
 from .records import WINDOW_S, Key, Rollout, RunState, Totals, count_since, push_recent
 
 TERMINAL = frozenset({"done", "failed"})
@@ -33,7 +33,7 @@ class DashboardState:
     """The fold (`apply`) and its reads (`snapshot`, `rollout_detail`, `gauges`, `run_list`); the records it keeps
     are in records.py."""
 
-    def __init__(self, max_runs: int = 50, max_trajectories: int = 1000):
+    def __init__(self, max_runs: int = 50, max_trajectories: int = PAGE_TRAJECTORIES):
         self.max_runs, self.max_trajectories = max_runs, max_trajectories
         self.runs: dict[str, RunState] = {}
         self.latest_run: str | None = None
@@ -157,7 +157,9 @@ class DashboardState:
         if r.key in run.sandbox_start:
             self.totals.observe_sandbox_start(run.sandbox_start[r.key])
         messages, verification = msg.get("messages"), msg.get("verification")
-        if messages is not None or verification is not None:
+        if msg.get("trajectory") == "evicted":  # trimmed by the driver (events.trim_trajectories): as if evicted here
+            r.trajectory_evicted = True
+        elif messages is not None or verification is not None:
             r.messages = messages if isinstance(messages, str) else None
             r.verification = verification if isinstance(verification, str) else None
             self._trajectories.append((run.run_id, r.key))

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 from distributed import Client
 
-from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, notice_event, rollout_event
+from ..events import MAX_TRAJECTORY_CHARS, TOPIC, batch_event, notice_event, rollout_event, trim_trajectories
 from ..episode.rollout import RolloutResult, RolloutSpec
 
 log = structlog.get_logger("uni_agent.driver")
@@ -111,11 +111,18 @@ class RolloutEvents:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send everything in the outbox now, in as few messages as the limits allow."""
+        """Send everything in the outbox now, in as few messages as the limits allow; of the finished rollouts in it,
+        only the trajectories the page will keep (events.trim_trajectories)."""
         while self.outbox:
-            take = message_size(self.outbox)
-            batch, self.outbox = self.outbox[:take], self.outbox[take:]
-            await self._send(batch_event(batch))
+            pending, self.outbox = self.outbox, []  # what arrives while these are sent goes in the next pass
+            trim_trajectories(pending)
+            try:
+                while pending:
+                    take = message_size(pending)
+                    batch, pending = pending[:take], pending[take:]
+                    await self._send(batch_event(batch))
+            finally:
+                self.outbox[:0] = pending  # not sent (the send loop cancelled by close): first for close's flush
 
     async def close(self) -> None:
         if self._sender is not None:
