@@ -2,7 +2,7 @@
 
 Every Dask server runs a SystemMonitor on its event loop (the one the agent loops run on). Each sample counts the
 process's open files (`psutil.Process.num_fds` lists /proc/PID/fd), which grows with the rollouts in flight: 4.7 ms a
-sample at 8,000 open files. At 4,000 simulated rollouts in one worker the workers' CPU fell 10.8 -> 10.2 s with 2 s
+sample at 8,000 open files. At 4,000 simulated rollouts in one worker the workers' CPU fell 9.6 -> 9.3 s with 2 s
 (`uni-agent bench --simulate --in-flight 4000 --workers 1 --endpoint-processes 1 --waves 1 --baseline REF`, 2 cores).
 The dashboard's worker charts and the heartbeat's figures read the latest sample, so one every 2 s shows the same
 picture, later by at most 2 s; the worker's memory limits read the process's memory on their own.
