@@ -115,7 +115,12 @@ def test_a_logged_exception_carries_neither_a_secret_nor_its_frames_locals(tmp_p
         call_endpoint(SECRET)
     except ValueError:
         structlog.get_logger("t").exception("endpoint_call_failed")
-    [line] = path.read_text().splitlines()
+    try:  # a group's members are redacted too
+        raise ExceptionGroup("calls failed", [ValueError(f"key={SECRET}")])
+    except ExceptionGroup:
+        structlog.get_logger("t").exception("calls_failed")
+    line, group_line = path.read_text().splitlines()
+    assert SECRET not in group_line and "key=***" in group_line, group_line
     record = json.loads(line)
     assert SECRET not in line, line
     [exc] = record["exception"]

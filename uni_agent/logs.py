@@ -26,12 +26,19 @@ def _redact_event(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 
 def _redact_exception(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     """An exception's message may carry what raised it (a URL with its key, a header): redacted like the fields."""
-    for exc in event.get("exception") or []:
-        if isinstance(exc, dict):
+    _redact_exceptions(event.get("exception") or [])
+    return event
+
+
+def _redact_exceptions(chain: list[Any]) -> None:
+    for exc in chain:  # the exception, its causes and contexts; a group's members are chains of their own (lists)
+        if isinstance(exc, list):
+            _redact_exceptions(exc)
+        elif isinstance(exc, dict):
             if isinstance(exc.get("exc_value"), str):
                 exc["exc_value"] = redact(exc["exc_value"])
             exc["exc_notes"] = [redact(n) if isinstance(n, str) else n for n in exc.get("exc_notes") or []]
-    return event
+            _redact_exceptions(exc.get("exceptions") or [])
 
 
 # A traceback's frames without their local variables: those hold keys, headers and whole requests, which neither
@@ -41,12 +48,13 @@ _TRACEBACKS = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(sh
 
 def _json_line(_: Any, __: str, event: dict[str, Any]) -> str:
     """The line, by orjson: the driver writes one per recorded rollout, and the json module took a third of it. What
-    orjson refuses (a non-string key, an integer over 64 bits) goes through the json module; whatever else is not JSON
-    is written as its repr, as structlog's own renderer does."""
+    orjson refuses (a non-string key, an integer over 64 bits) goes through the json module, which leaves out a key it
+    cannot write rather than fail the call that logs; whatever else is not JSON is written as its repr, as structlog's
+    own renderer does."""
     try:
         return orjson.dumps(event, default=repr).decode()
     except TypeError:
-        return json.dumps(event, default=repr)
+        return json.dumps(event, default=repr, skipkeys=True)
 
 
 def configure_logging(log_dir: str | Path, process_name: str, level: str = "INFO") -> Path:
