@@ -12,11 +12,14 @@ from typing import Any
 import orjson
 
 
-def dumps_json(value: Any) -> bytes:
+def dumps_json(value: Any, *, lenient: bool = False) -> bytes:
+    """`lenient` (a log line, which must not fail the call that logs): whatever is not JSON is written as its repr, and
+    a key neither encoder can write (a tuple) is left out."""
+    default = repr if lenient else None
     try:
-        return orjson.dumps(value)
+        return orjson.dumps(value, default=default)
     except TypeError:  # orjson.JSONEncodeError is one
-        return json.dumps(value).encode()
+        return json.dumps(value, default=default, skipkeys=lenient).encode()
 
 
 def loads_json(data: bytes | str) -> Any:

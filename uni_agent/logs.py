@@ -3,7 +3,6 @@ what strangers' connection attempts make Dask log kept off the user's console (R
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -11,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
 
+from .fast_json import dumps_json
 from .redact import redact
 
 _configured: str | None = None
@@ -47,14 +46,9 @@ _TRACEBACKS = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(sh
 
 
 def _json_line(_: Any, __: str, event: dict[str, Any]) -> str:
-    """The line, by orjson: the driver writes one per recorded rollout, and the json module took a third of it. What
-    orjson refuses (a non-string key, an integer over 64 bits) goes through the json module, which leaves out a key it
-    cannot write rather than fail the call that logs; whatever else is not JSON is written as its repr, as structlog's
-    own renderer does."""
-    try:
-        return orjson.dumps(event, default=repr).decode()
-    except TypeError:
-        return json.dumps(event, default=repr, skipkeys=True)
+    """The line, by the hot path's encoder (orjson; the driver writes one per recorded rollout, and the json module took
+    a third of it), lenient: what is not JSON as its repr, as structlog's own renderer does."""
+    return dumps_json(event, lenient=True).decode()
 
 
 def configure_logging(log_dir: str | Path, process_name: str, level: str = "INFO") -> Path:
