@@ -93,12 +93,15 @@ def sandbox_processes(args: argparse.Namespace) -> int:
 def worker_prologue(python: str) -> list[str]:
     """The job script's lines before `dask worker`: private files, and the checked private local directory of this
     node (Dask puts it on the workers' sys.path), or the job stops with the reason in its log; Dask's profiler off
-    unless this launcher keeps it (uni_agent.dask_profiler)."""
+    unless this launcher keeps it (uni_agent.dask_profiler), its event-loop tick and memory monitor slower unless the
+    job's environment sets them (uni_agent.dask_timers)."""
     from uni_agent.dask_profiler import OFF_IN_ENVIRONMENT, profiler_kept
+    from uni_agent.dask_timers import IN_ENVIRONMENT
 
     profiler = [] if profiler_kept() else [f"export {OFF_IN_ENVIRONMENT}"]
+    timers = [f'export {name}="${{{name}:-{value}}}"' for name, value in IN_ENVIRONMENT.items()]
     return ["umask 077",
-            f'UNI_AGENT_DASK_DIR="$({shlex.quote(python)} -m uni_agent.private_dirs)" || exit 2', *profiler]
+            f'UNI_AGENT_DASK_DIR="$({shlex.quote(python)} -m uni_agent.private_dirs)" || exit 2', *profiler, *timers]
 
 
 def job_options(args: argparse.Namespace, *, gpu: bool) -> dict[str, Any]:
@@ -178,6 +181,7 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     from distributed import Scheduler
 
     from uni_agent.dask_profiler import dask_config
+    from uni_agent.dask_timers import dask_config as timers_config
     from uni_agent.driver.tls import credentials_dir, file_security, write_credentials
     from uni_agent.private_dirs import dask_dir
 
@@ -203,7 +207,7 @@ async def launch(args: argparse.Namespace, command: list[str]) -> int:
     if not args.no_check and refused(make_jobs("tls://scheduler:0")):  # before anything starts
         print("nothing submitted (--no-check submits anyway)", file=sys.stderr)
         return 2
-    with dask.config.set({"temporary-directory": str(local), **dask_config()}):
+    with dask.config.set({"temporary-directory": str(local), **dask_config(), **timers_config()}):
         async with Scheduler(host=args.host, port=args.port, interface=args.interface, protocol="tls",
                              security=security, dashboard_address=f"{args.dashboard_host}:{args.dashboard_port}",
                              preload=["uni_agent.scheduler_preload"]) as scheduler:

@@ -94,6 +94,22 @@ def _check_verify_and_infer(env: dict, out: Path, scheduler_file: str | None) ->
     assert sorted(r["cuda_visible_devices"] for r in records) == ["0", "1"]
 
 
+def assert_slow_dask_timers(client: Client) -> None:
+    """uni_agent.dask_timers, from the job scripts' environment: every server's event-loop tick every 200 ms, every
+    worker's and nanny's memory monitor every 500 ms (Dask's own: 20 and 100)."""
+    def timers(dask_worker) -> tuple[float, float | None]:  # defined here: sent by value, the workers lack the tests
+        monitor = dask_worker.periodic_callbacks.get("memory_monitor")
+        return dask_worker.periodic_callbacks["tick"].callback_time, monitor and monitor.callback_time
+
+    assert set(client.run(timers).values()) | set(client.run(timers, nanny=True).values()) == {(200, 500)}
+    assert client.run_on_scheduler(lambda dask_scheduler: timers(dask_scheduler)[0]) == 200
+
+
+def dask_timers_are_slow(scheduler_file: str, tls_dir: str) -> None:
+    with Client(scheduler_file=scheduler_file, timeout=30, security=file_security(Path(tls_dir))) as client:
+        assert_slow_dask_timers(client)
+
+
 def test_sbatch_scripts(slurm, job_env, tmp_path):
     env = {**job_env, "UNI_AGENT_SCHEDULER_PORT": str(_free_port()), "UNI_AGENT_DASHBOARD_PORT": str(_free_port()),
            "UNI_AGENT_SANDBOXES_PER_NODE": "4", "UNI_AGENT_WORKERS_PER_NODE": "2",
@@ -132,6 +148,7 @@ def test_sbatch_scripts(slurm, job_env, tmp_path):
         # Dask's profiler off from the job scripts' environment: the GPU worker has no preload to drop its callbacks
         sampling = client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
         assert {names[a].split("-")[0]: v for a, v in sampling.items()} == {"gpu": False, "sandbox": False}
+        assert_slow_dask_timers(client)
         token = client.run_on_scheduler(page_token)  # the preload's: the scheduler's pages need it
     base, bearer = f"http://127.0.0.1:{env['UNI_AGENT_DASHBOARD_PORT']}", {"Authorization": f"Bearer {token}"}
     health = urllib.request.urlopen(urllib.request.Request(f"{base}/health", headers=bearer), timeout=10)
@@ -153,6 +170,7 @@ def test_jobqueue_launcher(slurm, job_env, tmp_path):
              f"t.refuses_strangers(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR'], 3); "
              f"t.cluster_scratch_is_private(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR'], "
              f"Path(os.environ['TMPDIR']), 3); "
+             f"t.dask_timers_are_slow(os.environ['UNI_AGENT_SCHEDULER_FILE'], os.environ['UNI_AGENT_TLS_DIR']); "
              f"t._check_verify_and_infer(dict(os.environ), Path({str(tmp_path / 'out')!r}), None)")
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "cluster" / "launch_jobqueue.py"), "--scheduler-file", str(scheduler_file),

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..dashboard import page_token
 from ..dask_profiler import OFF_IN_ENVIRONMENT, profiler_kept
+from ..dask_timers import environment as timers_environment
 from ..driver.cluster import WORKER_PRELOAD
 from ..driver.tls import CA_FILE, CERT_FILE, KEY_FILE, write_credentials
 from ..private_dirs import dask_dir
@@ -35,7 +36,7 @@ class ProcessCluster:
         self.n, self.dir, self.cwd = workers, work_dir, cwd
         profiler = {} if profiler_kept() else dict([OFF_IN_ENVIRONMENT.split("=", 1)])
         self.env = {**env, "UNI_AGENT_TLS_DIR": str(self.tls_dir), "DASK_TEMPORARY_DIRECTORY": str(dask_dir()),
-                    **profiler}
+                    **profiler, **timers_environment(env)}
         self.scheduler_file = work_dir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen] = {}
 

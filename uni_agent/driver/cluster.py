@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 
 from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
 from ..dask_profiler import dask_config
+from ..dask_timers import dask_config as timers_config
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
 from .interrupt import DRIVER_STOPS_ME
@@ -74,8 +75,9 @@ def local_cluster_config() -> dict[str, Any]:
     """The dask.config a LocalCluster of ours starts under (a run's, the bench's). Every Dask server (the scheduler in
     this process, the nannies, the workers) puts its scratch dir on sys.path, and Dask's default
     (/tmp/dask-scratch-space) may be another user's: ours, 0700, instead. Dask's profiler off
-    (uni_agent.dask_profiler): the nannies pass this config to the workers."""
-    return {"temporary-directory": str(dask_dir()), **dask_config()}
+    (uni_agent.dask_profiler), its event-loop tick and memory monitor slower (uni_agent.dask_timers): the nannies pass
+    this config to the workers."""
+    return {"temporary-directory": str(dask_dir()), **dask_config(), **timers_config()}
 
 
 def local_cluster_options(n_workers: int, threads_per_worker: int, dashboard_address: str | None) -> dict[str, Any]:
