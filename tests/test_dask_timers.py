@@ -43,5 +43,6 @@ def test_only_an_interval_faster_than_ours_is_changed():
 
 def test_an_environment_that_sets_an_interval_keeps_it():
     tick = "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"
+    assert IN_ENVIRONMENT == {tick: "200ms", "DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL": "500ms"}  # *.sbatch
     assert environment({}) == IN_ENVIRONMENT
     assert environment({tick: "50ms"}) == {k: v for k, v in IN_ENVIRONMENT.items() if k != tick}

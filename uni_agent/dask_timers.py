@@ -24,11 +24,8 @@ INTERVALS = {
     "distributed.admin.tick.interval": "200ms",
     "distributed.worker.memory.monitor-interval": "500ms",
 }
-# the same for a job script or a child process's environment (cluster/*.sbatch say it too)
-IN_ENVIRONMENT = {
-    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "200ms",
-    "DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL": "500ms",
-}
+# the same as Dask reads it from the environment, for job scripts and child processes (cluster/*.sbatch say it too)
+IN_ENVIRONMENT = {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): value for key, value in INTERVALS.items()}
 
 
 def dask_config() -> dict[str, Any]:
