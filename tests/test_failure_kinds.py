@@ -5,7 +5,6 @@ OpenAI-compatible HTTP server, uni_agent/testing/scripted_llm.py) whose policy i
 fault is a real one (the sandbox's directory removed under a running rollout)."""
 
 import json
-import shutil
 import threading
 from collections import Counter
 
@@ -20,6 +19,7 @@ from uni_agent.driver.manifest import differences
 from uni_agent.reports.run_report import render_report
 from uni_agent.driver.results import ResultStore
 from uni_agent.episode.rollout import RolloutResult
+from uni_agent.sandbox.leftovers import remove_sandbox_dir
 from uni_agent.sandbox.local import sandbox_root
 from uni_agent.driver.summary import summarize
 from uni_agent.tasks.swe_form import BUNDLED_DIR
@@ -179,7 +179,7 @@ def test_infra_failures_are_recorded_apart_and_retry_errors_reruns_exactly_them(
             return Fault(503)  # the endpoint fails every attempt: infra, after the client's retries
         if faults_on.is_set() and name == sandbox_victim and assistant_turns(body) == 1:
             for path in sandbox_root().glob(f"{name}-r0-*"):  # the sandbox dies under the rollout
-                shutil.rmtree(path)
+                remove_sandbox_dir(path)  # overlayfs's work dir too, which an ordinary user's rmtree cannot enter
             return tool_call_message("execute_bash", {"command": "ls"})
         if name == model_failure:
             return tool_call_message("execute_bash", {"command": "echo never submits"})
