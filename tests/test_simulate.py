@@ -74,10 +74,12 @@ def test_tiny_simulation_records_every_rollout_once(tmp_path):
         assert row["ideal_s"] == ideal_makespan(options)
         assert row["endpoint"]["requests"] == row["rollouts"] * 3  # 2 turns + submit
         phases = dict(row["driver_phases"])  # the driver's own steps, from its log, in the order they happened
-        assert [name for name, _ in row["driver_phases"]] == [
-            "inputs_loaded", "results_read", "connected", "engines_ready", "agent_workers_started", "queued",
-            "rollouts_finished", "events_sent", "agent_workers_closed", "engines_stopped", "session_closed",
-            "summary_written"], row["driver_phases"]
+        names = [name for name, _ in row["driver_phases"]]
+        # the rollouts are queued as soon as the agent workers started, while the engines start: those two race
+        assert names[:4] == ["inputs_loaded", "results_read", "connected", "agent_workers_started"], names
+        assert sorted(names[4:6]) == ["engines_ready", "queued"], names
+        assert names[6:] == ["rollouts_finished", "events_sent", "agent_workers_closed", "engines_stopped",
+                             "session_closed", "summary_written"], names
         assert 0 < phases["queued"] <= row["first_started_s"] + 0.5 and phases["rollouts_finished"] < row["wall_s"]
     assert any(line.startswith("growth from 8 to 16 rollouts") for line in lines)
     assert any("0 lost, 0 duplicate keys" in line for line in lines)

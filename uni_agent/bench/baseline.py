@@ -52,7 +52,8 @@ def worktree(ref: str) -> Iterator[Path]:
                        capture_output=True)
 
 
-def _env(tree: Path) -> dict[str, str]:
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a subprocess whose `import uni_agent` resolves to `tree` (run it with cwd=tree too)."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
@@ -62,7 +63,7 @@ def port_fill(tree: Path) -> float:
     PORT_FILL), so that `--simulate --baseline` lays the endpoint out as that tree's bench did; 1.0 for a tree from
     before it spread the endpoint over addresses (one address for up to the whole range)."""
     code = "from uni_agent.bench.measure import PORT_FILL; print(PORT_FILL)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=_env(tree), text=True, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, env=tree_env(tree), text=True, capture_output=True,
                           timeout=120)
     return float(done.stdout) if done.returncode == 0 else 1.0
 
@@ -71,7 +72,7 @@ def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, 
     """sandbox_rtt.py's figures with `uni_agent` imported from `tree`."""
     argv = [sys.executable, str(SANDBOX_RTT), "--backend", backend, "--commands", str(commands),
             "--sandboxes", str(sandboxes)] + (["--image", image] if image else [])
-    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800,
+    done = subprocess.run(argv, cwd=tree, env=tree_env(tree), capture_output=True, text=True, timeout=1800,
                           preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the sandbox bench failed in {tree} ({backend}): {done.stderr.strip()[-2000:]}")
@@ -81,7 +82,7 @@ def sandbox_figures(tree: Path, backend: str, image: str | None, commands: int, 
 def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
     """client_cpu.py's figures with `uni_agent` imported from `tree`."""
     argv = [sys.executable, str(CLIENT_CPU), "--requests", str(requests), "--in-flight", str(in_flight)]
-    done = subprocess.run(argv, cwd=tree, env=_env(tree), capture_output=True, text=True, timeout=1800,
+    done = subprocess.run(argv, cwd=tree, env=tree_env(tree), capture_output=True, text=True, timeout=1800,
                           preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the LLM client bench failed in {tree}: {done.stderr.strip()[-2000:]}")
@@ -90,7 +91,7 @@ def client_figures(tree: Path, requests: int, in_flight: int) -> dict[str, Any]:
 
 def record_figures(tree: Path, rows: int) -> dict[str, Any]:
     """record_cost.py's figures with `uni_agent` imported from `tree`."""
-    done = subprocess.run([sys.executable, str(RECORD_COST), "--rows", str(rows)], cwd=tree, env=_env(tree),
+    done = subprocess.run([sys.executable, str(RECORD_COST), "--rows", str(rows)], cwd=tree, env=tree_env(tree),
                           capture_output=True, text=True, timeout=1800, preexec_fn=die_with_bench())
     if done.returncode != 0:
         raise BaselineError(f"the record cost bench failed in {tree}: {done.stderr.strip()[-2000:]}")
@@ -102,7 +103,7 @@ def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:
     report = Path(tempfile.mkstemp(prefix="uni-agent-bench-", suffix=".json")[1])
     argv = [sys.executable, "-m", "uni_agent.cli", "bench", *bench_args, "--no-peer", "--json", str(report)]
     try:
-        done = subprocess.run(argv, cwd=tree, env=_env(tree), text=True, timeout=7200,
+        done = subprocess.run(argv, cwd=tree, env=tree_env(tree), text=True, timeout=7200,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_bench())
         if not report.exists() or not report.read_text().strip():
             raise BaselineError(f"the rollout bench failed in {tree}: {done.stdout[-3000:]}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 from distributed import Client
 
 from ..llm import token_capture_for
@@ -19,6 +20,8 @@ from ..episode.worker import AgentWorker
 from .cluster import live_workers
 from .policy import ACTOR_START_TIMEOUT
 from .worker_watch import WatchedActor, WorkerWatch
+
+log = structlog.get_logger("uni_agent.driver")
 
 
 @dataclass
@@ -29,6 +32,8 @@ class PooledActor:
 
 
 class ActorPool:
+    """`engines` None: they are still starting; the actors start without them and are told by `engines_ready`."""
+
     def __init__(self, client: Client, engines: Any, settings: RunSettings, log_dir: Path):
         self.client, self.engines, self.settings, self.log_dir = client, engines, settings, log_dir
         self.actors: dict[str, PooledActor] = {}  # the actors in use; a dropped one leaves
@@ -38,10 +43,11 @@ class ActorPool:
 
     async def start_actor(self, worker: str, timeout: float = ACTOR_START_TIMEOUT) -> PooledActor:
         e = self.engines
+        urls, model, api_key = (e.urls, e.model_name, e.api_key) if e is not None else ([], "", None)
         name = f"agent-worker-{len(self.actors_started)}-{uuid.uuid4().hex[:8]}"
         self.actors_started.append(name)  # numbered as asked: several may be starting at once
         future = self.client.submit(
-            AgentWorker, e.urls, e.model_name, e.api_key, self.settings.sampling(), self.settings.llm_timeout,
+            AgentWorker, urls, model, api_key, self.settings.sampling(), self.settings.llm_timeout,
             str(self.log_dir), self.settings.log_level,
             token_capture=token_capture_for(self.settings.token_capture, self.settings.engine),
             down_wait=self.settings.engine_down_wait,
@@ -65,7 +71,15 @@ class ActorPool:
             raise
         self.futures.append(future)
         actor = self.actors[name] = PooledActor(name, worker, WatchedActor(handle, worker, self.watch))
+        if e is None and self.engines is not None:  # the engines became ready while it started: it missed the news
+            await _told(actor, self.engines)
         return actor
+
+    async def engines_ready(self, engines: Any) -> None:
+        """Every actor learns the engines (their rollouts waiting for them begin); an actor started from now on gets
+        them when it starts. An actor whose worker is gone is skipped: the dispatcher replaces it."""
+        self.engines = engines
+        await asyncio.gather(*(_told(actor, engines) for actor in list(self.actors.values())))
 
     def handle(self, name: str) -> Any:
         return self.actors[name].handle
@@ -85,6 +99,13 @@ class ActorPool:
         in flight), and one after another that took seconds at a large run's end."""
         await asyncio.gather(*(_closed(actor) for actor in self.actors.values()))
         await self.watch.close()
+
+
+async def _told(actor: PooledActor, engines: Any) -> None:
+    try:
+        await actor.handle.set_engines(engines.urls, engines.model_name, engines.api_key)
+    except Exception as exc:  # its worker left (the dispatcher replaces it); said, in case it is anything else
+        log.warning("agent_worker_not_told_engines", actor=actor.name, error=f"{type(exc).__name__}: {exc}")
 
 
 async def _closed(actor: PooledActor) -> None:

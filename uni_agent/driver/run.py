@@ -193,11 +193,14 @@ def _run_id(output_dir: Path) -> str:
 async def _run_rollouts(todo: list[RolloutSpec], settings: RunSettings, store: ResultStore, log_dir: Path,
                         manifest: RunManifest, scheduler_address: str | None, security: Any) -> None:
     async with open_session(settings, log_dir, store, scheduler_address=scheduler_address, security=security,
-                            first_spec=todo[0]) as session:
-        engines, dispatcher = session.engines, session.dispatcher
-        assert engines is not None and dispatcher is not None
-        manifest.note(engines=session.engine_versions, model_name=engines.model_name)
+                            first_spec=todo[0], rollouts_before_engines=True) as session:
+        dispatcher = session.dispatcher
+        assert dispatcher is not None
         dispatcher.review = rerun_engine_outages()
-        # an engine that keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one
-        await engines.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
-            dispatcher.run_id, level, message))
+
+        def engines_ready(engines: Any) -> None:
+            manifest.note(engines=session.engine_versions, model_name=engines.model_name)
+        # The rollouts go out at once: the first wave's sandboxes start while the engines start. Then an engine that
+        # keeps crashing ends the run (EngineFailed) instead of failing its rollouts one by one.
+        await session.guard(dispatcher.run(todo), lambda level, message: dispatcher.events.notice(
+            dispatcher.run_id, level, message), on_engines=engines_ready)

@@ -115,12 +115,17 @@ async def _within_wall_clock(acting: Awaitable[Ending], budget: Budget, grace_s:
 
 async def _open(strategy: AgentStrategy, open_sandbox: SandboxOpener, spec: RolloutSpec, row: RolloutResult,
                 bound: Any) -> Sandbox:
-    """The rollout's sandbox, started (with the opener's retries); sandbox_start_s is the start alone."""
+    """The rollout's sandbox, started (with the opener's retries); sandbox_start_s is how long the episode waited for
+    it: the start alone, or what was left of a start begun while the engines started (uni_agent.episode.worker)."""
     t0 = time.monotonic()
-    sandbox = await open_sandbox(strategy.sandbox_config(), f"{spec.instance_id}-r{spec.rollout}")
+    sandbox = await open_sandbox(strategy.sandbox_config(), sandbox_name(spec))
     row.sandbox_start_s = time.monotonic() - t0
     bound.info("sandbox_started", seconds=round(row.sandbox_start_s, 3))
     return sandbox
+
+
+def sandbox_name(spec: RolloutSpec) -> str:
+    return f"{spec.instance_id}-r{spec.rollout}"
 
 
 async def collect_patch_and_close(sandbox: Sandbox, row: RolloutResult, agent: AgentConfig,

@@ -26,10 +26,12 @@ from ..llm import ChatClient, ChatReply, EndpointDownError, LLMError
 from ..logs import configure_logging
 from ..redact import register_secret
 from ..sandbox import Sandbox
+from ..sandbox.start import start_sandbox
 from .agent_loop import strategy_for
-from .envelope import run_episode, sandbox_closer
+from .envelope import SandboxOpener, run_episode, sandbox_closer, sandbox_name
 from .replica_versions import ReplicaVersions
 from .rollout import Batch, Finished, Outcome, Raised, RolloutResult, RolloutSpec
+from .strategy import AgentStrategy
 
 log = structlog.get_logger("uni_agent.worker")
 CLOSE_WAIT_S = 60.0  # how long close() waits for cancelled rollouts and the sandboxes still closing
@@ -37,22 +39,23 @@ ORPHAN_AFTER_S = 120.0  # no collect call for this long: the driver is gone (uni
 
 
 class AgentWorker:
+    """`urls` empty: the engines are still starting. Rollouts handed over before `set_engines` start their sandboxes
+    at once and begin acting (their wall clock with them) when the engines are ready: the first wave's sandbox starts
+    overlap the engines' start (a model loading, a prompt being shared) instead of following it."""
+
     def __init__(self, urls: list[str], model: str, api_key: str | None, sampling: dict[str, Any],
                  llm_timeout: float, log_dir: str, log_level: str = "INFO", token_capture: str | None = None,
                  down_wait: float | None = None):
-        if not urls:
-            raise ValueError("AgentWorker needs at least one engine URL")
-        register_secret(api_key)
         configure_logging(log_dir, "agent-worker", log_level)
         make_full_collections_rare()  # this process will hold thousands of rollouts: no heap-wide pause every turn
-        self.urls = list(urls)
-        # With several replicas a dead one is not waited for: its rollouts move on (Router). One replica is waited for
-        # up to `down_wait` seconds (its engine restarting, uni_agent.engines.server), and so are all of them.
-        self.clients = {url: ChatClient(url, model, api_key, timeout=llm_timeout, sampling=sampling,
-                                        retry_unreachable=len(urls) == 1, token_capture=token_capture,
-                                        down_wait=down_wait if len(urls) == 1 else None)
-                        for url in urls}
-        self.router = Router(self.clients, give_up_after=down_wait or llm_timeout)
+        self._client_options = {"timeout": llm_timeout, "sampling": sampling, "token_capture": token_capture}
+        self._down_wait = down_wait
+        self.urls: list[str] = []
+        self.clients: dict[str, ChatClient] = {}
+        self.router: Router | None = None
+        self._engines_ready = asyncio.Event()
+        if urls:
+            self._connect(urls, model, api_key)
         self.address = worker_address()
         self.emit = worker_emitter()
         # Rollouts handed over in batches (uni_agent.driver.mailbox): finished ones wait here for the driver's collect.
@@ -63,19 +66,58 @@ class AgentWorker:
         self._last_collect = time.monotonic()
         self._watch: asyncio.Task | None = None
 
+    def _connect(self, urls: list[str], model: str, api_key: str | None) -> None:
+        if not urls:
+            raise ValueError("AgentWorker needs at least one engine URL")
+        register_secret(api_key)
+        self.urls = list(urls)
+        # With several replicas a dead one is not waited for: its rollouts move on (Router). One replica is waited for
+        # up to `down_wait` seconds (its engine restarting, uni_agent.engines.server), and so are all of them.
+        down_wait = self._down_wait
+        self.clients = {url: ChatClient(url, model, api_key, retry_unreachable=len(urls) == 1,
+                                        down_wait=down_wait if len(urls) == 1 else None, **self._client_options)
+                        for url in urls}
+        self.router = Router(self.clients, give_up_after=down_wait or self._client_options["timeout"])
+        self._engines_ready.set()
+
+    async def set_engines(self, urls: list[str], model: str, api_key: str | None) -> None:
+        """The engines are ready: rollouts waiting for them begin (uni_agent.driver.pool, once the engines started).
+        A second call changes nothing: a worker started with its engines is told again by a pool that raced it."""
+        if not self._engines_ready.is_set():
+            self._connect(urls, model, api_key)
+
     async def run_rollout(self, spec: RolloutSpec) -> RolloutResult:
         use_pidfd_child_watcher()
         sandbox_closer.set(self._close_later)  # this rollout's task only: its result returns before the close ends
+        strategy = strategy_for(spec.agent)
+        open_sandbox = start_sandbox
+        if not self._engines_ready.is_set():
+            open_sandbox = await self._sandbox_while_engines_start(strategy, spec)
+        assert self.router is not None
         session = self.router.session()
         try:
             # the episode imports no grading: a reward graded in the agent's own sandbox comes in through this hook
-            result = await run_episode(strategy_for(spec.agent), spec, session, emit=self.emit, worker=self.address,
-                                       grade_in_sandbox=grade_in_sandbox)
+            result = await run_episode(strategy, spec, session, emit=self.emit, worker=self.address,
+                                       open_sandbox=open_sandbox, grade_in_sandbox=grade_in_sandbox)
         finally:
             session.close()
         if spec.agent.log_dir:
             _save_trajectory(spec.agent.log_dir, result)
         return result
+
+    async def _sandbox_while_engines_start(self, strategy: AgentStrategy, spec: RolloutSpec) -> SandboxOpener:
+        """Starts the rollout's sandbox now and returns, once the engines are ready, the opener the episode awaits it
+        through (its sandbox_start_s is then what was left of the start: the wait the rollout saw)."""
+        early = asyncio.ensure_future(_start_logged(strategy, spec))
+        try:
+            await self._engines_ready.wait()
+        except BaseException:  # cancelled (the run ends before its engines started): the sandbox goes too
+            await _discarded(early)
+            raise
+
+        async def started_early(agent: Any, name: str) -> Sandbox:
+            return await early
+        return started_early
 
     async def start_rollouts(self, batch: Batch) -> int:
         """Start each rollout of the batch (RolloutSpecs) as a task on this worker's loop and return at once;
@@ -154,18 +196,24 @@ class AgentWorker:
     async def pause_replica(self, url: str, drain_timeout: float) -> int:
         """No new model calls to this replica (its weights are about to switch); waits up to drain_timeout s for
         those in flight and returns how many still run (uni_agent.episode.replica_versions)."""
-        return await self.router.versions.pause(url, drain_timeout)
+        return await self._router().versions.pause(url, drain_timeout)
 
     async def resume_replica(self, url: str, version: int, model: str | None = None) -> None:
         """The replica serves `version` (under the served name `model`, when given): calls go on."""
         if model:
             self.clients[url].model = model
-        self.router.versions.resume(url, version)
+        self._router().versions.resume(url, version)
 
     async def replica_load(self) -> dict[str, dict[str, Any]]:
-        v = self.router.versions
-        return {url: {"rollouts": self.router.load[url], "calls": v.calls[url], "calls_done": v.answered[url],
+        router = self._router()
+        v = router.versions
+        return {url: {"rollouts": router.load[url], "calls": v.calls[url], "calls_done": v.answered[url],
                       "paused": v.paused(url), "version": v.version[url]} for url in self.clients}
+
+    def _router(self) -> Router:
+        if self.router is None:
+            raise RuntimeError("this agent worker has no engines yet (set_engines)")
+        return self.router
 
     async def close(self) -> None:
         # A collect call waiting here is proxied by the scheduler: answered now, it is not still open when the
@@ -182,6 +230,26 @@ class AgentWorker:
         await self._closes_done(CLOSE_WAIT_S)  # so are the finished rollouts' sandboxes still closing
         for client in self.clients.values():
             await client.aclose()
+
+
+async def _start_logged(strategy: AgentStrategy, spec: RolloutSpec) -> Sandbox:
+    """A sandbox started before the engines were ready; its log line says when and how long the start took (the
+    row's sandbox_start_s holds only what the rollout waited of it)."""
+    t0 = time.monotonic()
+    sandbox = await start_sandbox(strategy.sandbox_config(), sandbox_name(spec))
+    log.info("sandbox_started_before_engines", run_id=spec.run_id, instance_id=spec.instance_id,
+             rollout=spec.rollout, seconds=round(time.monotonic() - t0, 3))
+    return sandbox
+
+
+async def _discarded(starting: asyncio.Future[Sandbox]) -> None:
+    """A sandbox start no rollout will use: cancelled in flight (start_sandbox closes what it had begun), closed if
+    it had finished."""
+    if not starting.done():
+        starting.cancel()
+        await asyncio.wait({starting})
+    if not starting.cancelled() and starting.exception() is None:
+        await starting.result().close()
 
 
 class Router:
