@@ -1,16 +1,17 @@
 """A run session: what a run holds while it lasts (the cluster's client, the live page, the engines, the agent
 workers and the dispatcher), assembled in one place for `run()`, the rollout service and `uni-agent verify`.
 
-    async with open_session(settings, log_dir, store, first_spec=todo[0]) as session:
-        await session.dispatcher.run(todo)
+    async with open_session(settings, log_dir, store, first_spec=todo[0], rollouts_before_engines=True) as session:
+        await session.guard(session.dispatcher.run(todo))
 
 In order: the engine's name checked (with agents: uni_agent.engines.check_engine, a wrong one is a ConfigError
 before anything starts), the cluster (cluster_client: a scheduler given, else a LocalCluster), the live page, every
 worker's private directories checked (uni_agent.private_dirs.preflight_workers), the sandbox workers and where
 verification goes; then, unless `agents=False` (verification needs no model), the engines, the agent workers' pool and
 the dispatcher, and the agent workers started while the engines say what they are and read the agents' shared prompt.
-Everything is stopped in the reverse order on the way out, whatever ended the session.
-"""
+With `rollouts_before_engines` (a batch run) the agent workers start while the engines start, and the session opens
+then: the first wave's rollouts start their sandboxes while the engines load, and act once they are ready.
+Everything is stopped in the reverse order on the way out, whatever ended the session."""
 
 from __future__ import annotations
 
