@@ -28,6 +28,7 @@ from uni_agent import AgentConfigs, run
 from uni_agent.cli import main as cli_main
 from uni_agent.dashboard import page_token
 from uni_agent.driver.dataset import read_rows
+from uni_agent.private_dirs import dask_dir
 from uni_agent.tasks.swe_form import BUNDLED_DIR, convert
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
@@ -72,7 +73,8 @@ def fresh_cluster(tmp_path_factory):
 
     os.environ.setdefault("UNI_AGENT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1",
-                      dashboard_address="127.0.0.1:0", resources={"SANDBOX": 64}) as cluster, \
+                      dashboard_address="127.0.0.1:0", resources={"SANDBOX": 64},
+                      local_directory=str(dask_dir())) as cluster, \
             Client(cluster) as client:
         yield client
 

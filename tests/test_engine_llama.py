@@ -39,6 +39,7 @@ from uni_agent.engines.llama_cpp import (
 )
 from uni_agent.engines.placement import PlacementError
 from uni_agent.engines.shared_prompt import SLOT_FILE, share_prompt
+from uni_agent.private_dirs import dask_dir
 from uni_agent.tool_calls import tool_call_json_schema
 
 CPU_SERVER = find_binary("cpu")
@@ -316,11 +317,11 @@ def test_gpu_engine_without_gpus_is_refused(tmp_path, monkeypatch):
                   output_dir=str(tmp_path / "out"), engine_start_timeout=60,
                   worker_wait_timeout=3)  # a cluster started apart is given time for GPU workers to join: not here
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      resources={"SANDBOX": 8}) as cluster, Client(cluster) as client:
+                      resources={"SANDBOX": 8}, local_directory=str(dask_dir())) as cluster, Client(cluster) as client:
         with pytest.raises(PlacementError, match="there are none"):
             run(None, AGENT_CONFIG, client=client, **common)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      resources={"GPU": 1, "SANDBOX": 8}) as cluster, Client(cluster) as client:
+                      resources={"GPU": 1, "SANDBOX": 8}, local_directory=str(dask_dir())) as cluster, Client(cluster) as client:
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="declares GPUs but the CUDA build sees none"):
             run(None, AGENT_CONFIG, client=client, **common)

@@ -39,6 +39,7 @@ from uni_agent.episode.exit_reason import ExitReason
 from uni_agent.episode.rollout import RolloutSpec
 from uni_agent.events import TOPIC, unbatch
 from uni_agent.llm import ChatClient
+from uni_agent.private_dirs import dask_dir
 from uni_agent.testing.llama_watch import answered, server_pids
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
@@ -83,7 +84,7 @@ def cluster():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      resources={"SANDBOX": 64}) as local, Client(local) as client:
+                      resources={"SANDBOX": 64}, local_directory=str(dask_dir())) as local, Client(local) as client:
         yield local, client
 
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import assistant_turns
 from uni_agent import AgentConfigs, ConfigError, run
 from uni_agent.config import validate_agent
+from uni_agent.private_dirs import dask_dir
 from uni_agent.testing.scripted_llm import ScriptedLLM, tool_call_message
 
 EXTENSION_DIR = Path(__file__).parent / "fixtures" / "extension"
@@ -49,7 +50,7 @@ def test_a_tool_a_grader_and_a_backend_from_outside_run_in_the_worker_processes(
         "env": {"deployment": _deployment(row["instance_id"])}, "reward": {"name": "ua_extension:PidGrader"}}}}
         for row in chosen]
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0",
-                      resources={"SANDBOX": 8}) as cluster, Client(cluster) as client, \
+                      resources={"SANDBOX": 8}, local_directory=str(dask_dir())) as cluster, Client(cluster) as client, \
             ScriptedLLM(note_then_submit) as server:
         worker_pids = set(client.run(os.getpid).values())
         run(data, AgentConfigs({"ext": AGENT}, "test"), client=client, engine="external", base_url=server.base_url,

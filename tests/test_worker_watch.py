@@ -18,6 +18,7 @@ from distributed import Client, LocalCluster
 
 from uni_agent.driver.cluster import live_workers
 from uni_agent.driver.worker_watch import WatchedActor, WorkerLeft, WorkerWatch
+from uni_agent.private_dirs import dask_dir
 
 
 async def _drop_worker(dask_scheduler: Any, address: str) -> None:
@@ -38,7 +39,8 @@ class Sleeper:
 def test_a_call_to_a_lost_workers_actor_ends_and_a_live_ones_answers(how: str) -> None:
     async def main() -> tuple[BaseException | None, float, str]:
         async with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                dashboard_address=":0", asynchronous=True) as cluster, \
+                                dashboard_address=":0", asynchronous=True,
+                                local_directory=str(dask_dir())) as cluster, \
                 Client(cluster, asynchronous=True) as client:
             await client.wait_for_workers(2)
             first, second = sorted(await live_workers(client))
