@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from uni_agent.config import ConfigError
-from uni_agent.envs.interpreters import find_python
+from uni_agent.envs.interpreters import Interpreter, find_python
 from uni_agent.envs.isolation import ACTIVATE_SHIM
 from uni_agent.envs.plan import plan_rows, requirements_text
 from uni_agent.swebench.preprocess import build_rows
@@ -102,10 +102,21 @@ def test_requirements_as_the_official_harness_reads_them():
         requirements_text(files.get, ["nowhere.txt"])
 
 
+def this_python_installed() -> Interpreter:
+    """An installation of this test's Python X.Y that find_python takes (uv's, pyenv's, conda's or on PATH outside
+    /usr); skips when this user has none: an ordinary user of a Debian machine has only the system's, which
+    find_python leaves out by design (root's CI machine has uv's)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        return find_python(version)
+    except ConfigError:
+        pytest.skip(f"no Python {version} of uv, pyenv or conda for this user (`uv python install {version}`)")
+
+
 def test_a_missing_python_names_the_version_and_how_to_get_it():
     with pytest.raises(ConfigError, match=r"no Python 2\.5 found .*uv python install 2\.5"):
         find_python("2.5")
-    found = find_python(f"{sys.version_info.major}.{sys.version_info.minor}")
+    found = this_python_installed()
     assert found.version.startswith(f"{sys.version_info.major}.{sys.version_info.minor}.") and found.needs_mount
 
 
@@ -134,7 +145,7 @@ def test_a_build_step_resolves_the_proxy_as_the_builder_does(tmp_path, monkeypat
         [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.9", 0))] if host == proxy_name
         else real_getaddrinfo(host, *a, **k)))
     monkeypatch.setenv("https_proxy", f"http://{proxy_name}:3128")
-    interpreter = find_python(f"{sys.version_info.major}.{sys.version_info.minor}")
+    interpreter = this_python_installed()
     dirs = StepDirs(tmp_path / "repo", tmp_path / "conda", tmp_path / "scratch", tmp_path / "pip-cache")
     for path in (dirs.repo, dirs.conda_root, dirs.scratch):
         path.mkdir()
