@@ -68,7 +68,7 @@ async def run_episode(strategy: AgentStrategy, spec: RolloutSpec, model: ChatMod
         ending = await _act(strategy, Episode(spec, model, sandbox, budget, row, state, bound), strategy.grace_s)
         row.end(blamed_on_outage(ending, row.started_at))
     finally:
-        opened = await _started_or_stopped(sandbox.started)
+        opened = await started_or_stopped(sandbox.started)
         if opened is not None:
             grade = grade_in_sandbox if spec.grade_in_agent_sandbox else None
             await collect_patch_and_close(opened, row, agent, grade, lambda: state(RolloutState.VERIFYING))
@@ -179,7 +179,7 @@ def _state(emit: Emit, spec: RolloutSpec, worker: str, state: RolloutState, **fi
     emit(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, worker=worker, **fields))
 
 
-async def _started_or_stopped(starting: asyncio.Task[Sandbox]) -> Sandbox | None:
+async def started_or_stopped(starting: asyncio.Task[Sandbox]) -> Sandbox | None:
     """The started sandbox, or None: a start still in flight is cancelled (start_sandbox closes what it had begun),
     and one that finished as it was cancelled is returned, to be closed like any other."""
     if not starting.done():

@@ -28,7 +28,7 @@ from ..redact import register_secret
 from ..sandbox import Sandbox
 from ..sandbox.start import start_sandbox
 from .agent_loop import strategy_for
-from .envelope import SandboxOpener, run_episode, sandbox_closer, sandbox_name
+from .envelope import SandboxOpener, run_episode, sandbox_closer, sandbox_name, started_or_stopped
 from .replica_versions import ReplicaVersions
 from .rollout import Batch, Finished, Outcome, Raised, RolloutResult, RolloutSpec
 from .strategy import AgentStrategy
@@ -112,7 +112,8 @@ class AgentWorker:
         try:
             await self._engines_ready.wait()
         except BaseException:  # cancelled (the run ends before its engines started): the sandbox goes too
-            await _discarded(early)
+            if (started := await started_or_stopped(early)) is not None:
+                await started.close()
             raise
 
         async def started_early(agent: Any, name: str) -> Sandbox:
@@ -240,16 +241,6 @@ async def _start_logged(strategy: AgentStrategy, spec: RolloutSpec) -> Sandbox:
     log.info("sandbox_started_before_engines", run_id=spec.run_id, instance_id=spec.instance_id,
              rollout=spec.rollout, seconds=round(time.monotonic() - t0, 3))
     return sandbox
-
-
-async def _discarded(starting: asyncio.Future[Sandbox]) -> None:
-    """A sandbox start no rollout will use: cancelled in flight (start_sandbox closes what it had begun), closed if
-    it had finished."""
-    if not starting.done():
-        starting.cancel()
-        await asyncio.wait({starting})
-    if not starting.cancelled() and starting.exception() is None:
-        await starting.result().close()
 
 
 class Router:
