@@ -230,7 +230,8 @@ COMMANDS = {{
     "ids": "id -u; id -g; echo $HOME",
     "owners": "stat -c %u:%g /opt/owned /work /home/agent /usr/bin/env",
     "run": "stat -c %a /run; test -w /run/uni-agent && echo writable",
-    "root_fs": "grep -c ' / / .* - overlay ' /proc/self/mountinfo",
+    "root_fs": "grep -c ' / / .* - overlay ' /proc/self/mountinfo; grep ' / / .* - overlay ' /proc/self/mountinfo | "
+               "grep -c volatile",
     "write": "echo mine > /work/new && echo changed > /opt/owned && stat -c %u /work/new",
 }}
 
@@ -278,7 +279,7 @@ def test_a_rootless_image_sandbox_is_an_overlay_with_the_images_owners_user_and_
     found = run_json(a, IMAGE_RUN.format(image=images["user"]), timeout=600)
     print(f"rootless start with the image cached: {found['start_s']:.3f} s; sandbox "
           f"{found['sandbox_bytes']} bytes on disk, the image {found['image_bytes'] / 2**20:.0f} MiB")
-    assert found["overlay"] is True and found["root_fs"] == ["1"]  # `/` inside is an overlay: nothing was copied
+    assert found["overlay"] is True and found["root_fs"] == ["1", "1"]  # `/` an overlay (nothing copied), volatile
     assert found["sandbox_bytes"] < 1 << 20 < found["image_bytes"] // 100
     assert found["ids"] == ["1234", "1234", "/home/agent"]  # the image's User, its home
     assert found["owners"] == ["1234:2345", "1234:0", "1234:1234", "0:0"]  # as in the image (`chown agent /work`)
@@ -329,13 +330,15 @@ def test_a_rootless_repo_sandbox_is_an_overlay_too(users: tuple[User, User]) -> 
             async with LocalDeploymentConfig(repo={TASK!r}).build({{}}, "repo") as box:
                 found = {{"overlay": box.use_overlay}}
                 found["inside"] = (await box.exec("id -u; echo $HOME; grep -c ' /testbed .* - overlay ' "
-                                                  "/proc/self/mountinfo; echo change >> README.md", 30)).output.split()
+                                                  "/proc/self/mountinfo; grep ' /testbed .* - overlay ' "
+                                                  "/proc/self/mountinfo | grep -c volatile; "
+                                                  "echo change >> README.md", 30)).output.split()
                 found["patch"] = await workspace_patch(box)
             print(json.dumps(found))
 
         asyncio.run(main())
     """)
-    assert found["overlay"] is True and found["inside"] == ["0", "/root", "1"]
+    assert found["overlay"] is True and found["inside"] == ["0", "/root", "1", "1"]  # the overlay volatile, too
     assert "+change" in found["patch"]
 
 

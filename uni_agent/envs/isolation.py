@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..sandbox.bwrap import host_root_args
-from ..sandbox.overlay import SETUP_SCRIPT
+from ..sandbox.overlay import DURABLE_SETUP_SCRIPT
 from ..sandbox.userns import user_namespace
 from .index_access import index_access_args
 from .interpreters import Interpreter
@@ -88,7 +88,7 @@ def step_argv(dirs: StepDirs, interpreter: Interpreter, interpreter_dir: str, sc
         namespace = user_namespace()
         prefix = namespace.argv(mount=True) if namespace is not None else [
             "unshare", "--mount", "--propagation", "private", "--"]
-        prefix += ["sh", "-c", SETUP_SCRIPT, "sh", "", "--", str(conda_root), *map(str, layers), "--"]
+        prefix += ["sh", "-c", DURABLE_SETUP_SCRIPT, "sh", "", "--", str(conda_root), *map(str, layers), "--"]
         conda_root = layers[2]
     bwrap = ["bwrap", "--unshare-all", "--share-net", "--die-with-parent", "--clearenv",
              *host_root_args(["--bind", str(tmp), "/tmp", "--bind", str(home), "/root"])]

@@ -2,8 +2,8 @@
 here at all (as root, or in a user namespace of the sandbox's own), probed until it first works, then known for the
 process. Where none can be mounted, `workspace: auto` copies instead (said once per process, in the log).
 
-SETUP_SCRIPT is what mounts the overlays, in the sandbox's namespaces before bwrap (and in uni_agent.envs' build
-steps).
+SETUP_SCRIPT is what mounts a sandbox's overlays, in its namespaces before bwrap (DURABLE_SETUP_SCRIPT those of
+uni_agent.envs' build steps).
 """
 
 from __future__ import annotations
@@ -23,11 +23,24 @@ from .userns import UserNamespace
 
 log = structlog.get_logger("uni_agent.sandbox")
 
-# Run by `sh` in the sandbox's namespaces before bwrap. Its arguments: OWNER (uid:gid, or empty) and the dirs to
-# give to it, `--`, then lower, upper, work dir and mount point of each copy-on-write tree, `--`, then bwrap's argv.
-SETUP_SCRIPT = ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1" || exit 1; shift; done; shift; '
-                'while [ "$1" != -- ]; do mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" '
-                '|| exit 1; shift 4; done; shift; exec "$@"')
+_MOUNT = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3{options}" "$4"'
+
+
+def _setup_script(mount: str) -> str:
+    """Run by `sh` in the sandbox's namespaces before bwrap, `mount` mounting one tree. Its arguments: OWNER (uid:gid,
+    or empty) and the dirs to give to it, `--`, then lower, upper, work dir and mount point of each copy-on-write tree,
+    `--`, then bwrap's argv."""
+    return ('owner=$1; shift; while [ "$1" != -- ]; do chown -- "$owner" "$1" || exit 1; shift; done; shift; '
+            f'while [ "$1" != -- ]; do {mount} || exit 1; shift 4; done; shift; exec "$@"')
+
+
+# A sandbox's overlays are `volatile` where the kernel has it (Linux 5.10 on; older ones refuse the option, and get
+# the plain mount): the upper layer goes with the sandbox, so no sync of it is worth waiting for (an fsync inside
+# returns at once, and the unmount at the sandbox's end no longer syncs the whole filesystem under it to disk).
+SETUP_SCRIPT = _setup_script(f"{{ {_MOUNT.format(options=',volatile')} 2>/dev/null || {_MOUNT.format(options='')}; }}")
+# A volatile overlay's work dir refuses every later mount: for dirs that may be mounted again (uni_agent.envs' build
+# steps keep their scratch dirs), the plain mount.
+DURABLE_SETUP_SCRIPT = _setup_script(_MOUNT.format(options=""))
 
 _overlay_works: list[bool] = []  # [True] once an overlay was mounted in this process
 # The overlay probe in flight (or its answer) per event loop: tasks cannot be shared across loops (tests run many)
