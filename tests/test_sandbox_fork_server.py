@@ -125,3 +125,19 @@ def test_sandboxes_run_cpu_nice_below_the_worker(repo: Path, launcher: str) -> N
     if autogroups:
         assert a_group == b_group and a_group.split()[-2:] == ["nice", "7"], (a_group, b_group)  # one, at nice 7
         assert level_group not in (a_group, open("/proc/self/autogroup").read()), level_group  # the other fork server's
+
+
+def test_a_fork_server_sandbox_keeps_its_shell_state_off_the_disk(repo: Path) -> None:  # noqa: F811
+    """Each command's saved shell state (the exported environment, secrets included) is rewritten after every command:
+    on the sandbox's own tmpfs, not in its dir on the host's disk."""
+    async def main() -> tuple[str, str, list[str]]:
+        async with sandbox(repo, env={"UA_SECRET": "s3cret"}) as box:
+            assert box._fork_server is not None and box.dir is not None
+            await box.exec("export KEPT=1 && cd sub", 10)
+            kept = (await box.exec("echo $UA_SECRET $KEPT $PWD", 10)).output.strip()
+            filesystem = (await box.exec("stat -f -c %T /run/uni-agent", 10)).output.strip()
+            return kept, filesystem, os.listdir(box.dir / "state")
+
+    kept, filesystem, on_disk = run(main())
+    assert kept == "s3cret 1 /testbed/sub"  # the state still carries from one command to the next
+    assert filesystem == "tmpfs" and on_disk == []

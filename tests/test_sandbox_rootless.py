@@ -160,7 +160,8 @@ import asyncio, json, sys
 from uni_agent.sandbox.local import LocalDeploymentConfig
 
 async def main():
-    async with LocalDeploymentConfig(repo={task!r}).build({{"UA_SECRET": {secret!r}}}, "holder") as box:
+    async with LocalDeploymentConfig(repo={task!r}, launcher={launcher!r}).build({{"UA_SECRET": {secret!r}}},
+                                                                               "holder") as box:
         print(json.dumps({{"dir": str(box.dir)}}), flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # while the other user tries its luck
         result = await box.exec("echo $UA_SECRET; ls", 30)
@@ -198,17 +199,22 @@ asyncio.run(main())
 """
 
 
-def test_a_user_cannot_read_or_move_another_users_live_sandbox(users: tuple[User, User]) -> None:
+@pytest.mark.parametrize("launcher", ["bwrap", "fork_server"])
+def test_a_user_cannot_read_or_move_another_users_live_sandbox(users: tuple[User, User], launcher: str) -> None:
     a, b = users
     secret = "hunter2-" + os.urandom(4).hex()
-    holder = popen_as(a, [sys.executable, "-c", HOLDER.format(task=TASK, secret=secret)])
+    holder = popen_as(a, [sys.executable, "-c", HOLDER.format(task=TASK, secret=secret, launcher=launcher)])
     try:
         line = " "
         while line and not line.startswith("{"):  # past any log line
             line = holder.stdout.readline()  # type: ignore[union-attr]
         assert line, holder.stderr.read()  # type: ignore[union-attr]
         target = json.loads(line)["dir"]
-        assert secret in Path(target, "state", "state.sh").read_text()  # what there is to steal (root can look)
+        state = Path(target, "state")  # what there is to steal (root can look)
+        if launcher == "bwrap":
+            assert secret in (state / "state.sh").read_text()
+        else:  # the fork server's sandbox keeps its state on its own tmpfs: nothing on disk
+            assert list(state.iterdir()) == []
         outcomes = run_json(b, PRYER.format(target=target, task=TASK))
     finally:
         out, err = holder.communicate("\n", timeout=120)

@@ -5,8 +5,8 @@ supervisor's on its stdin, so that a sandbox's `ps` shows a short command line f
 in a user namespace of its own where it keeps its capabilities. Per sandbox it forks a child that joins the
 sandbox's pids cgroup and unshares every namespace (mount, pid, network, ipc, uts, cgroup); the child's own child
 is the sandbox's pid 1: it builds the sandbox's root as bwrap would (a tmpfs of its own, the host's dirs read-only,
-the workspace as an overlay over the task's git snapshot, its own /tmp, HOME and state dir, a fresh /proc, /dev/shm
-and /dev/pts), pivots into it (the fork server's views of every other sandbox are left behind), applies the limits,
+the workspace as an overlay over the task's git snapshot, its own /tmp and HOME, its state dir on that tmpfs, a fresh
+/proc, /dev/shm and /dev/pts), pivots into it (the fork server's views of every other sandbox are left behind), applies the limits,
 drops every capability for good (no_new_privs) and becomes the supervisor (supervisor.py, already loaded here) on the
 pipes the worker passed in. A start costs two forks and a few dozen syscalls instead of a bwrap, a shell, `mount` and a
 Python interpreter per sandbox (~3 ms against ~30 ms of CPU).
@@ -138,8 +138,9 @@ def _become_sandbox(config, request, stdin_fd, stdout_fd):
 
 def _build_root(config, request):
     """The sandbox's root at NEW_ROOT, as bwrap builds one: a tmpfs of its own (writable; gone with the sandbox) with
-    the fork server's top-level dirs bound read-only (/usr, /etc, the Python's dirs), its own /tmp, HOME and state dir,
-    the workspace (an overlay over the task's snapshot) at workdir, a fresh /proc, /dev/shm and /dev/pts."""
+    the fork server's top-level dirs bound read-only (/usr, /etc, the Python's dirs), its own /tmp and HOME, its state
+    dir on the tmpfs, the workspace (an overlay over the task's snapshot) at workdir, a fresh /proc, /dev/shm and
+    /dev/pts."""
     here = os.path.join(FORK_SERVER_DIR, "sandboxes", _plain_name(request["dir"]))
     lower = os.path.join(FORK_SERVER_DIR, *[_plain_name(part) for part in request["lower"].split("/")])
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
@@ -156,8 +157,12 @@ def _build_root(config, request):
         os.mkdir(os.path.join(NEW_ROOT, name), 0o1777 if name == "tmp" else 0o755)
     merged = os.path.join(here, "merged")
     _mount_overlay(lower, os.path.join(here, "upper"), os.path.join(here, "work"), merged)
+    # The supervisor's state dir (each command's saved shell state, rewritten after every command) on this root's
+    # tmpfs, not bound from the sandbox's dir on the host's disk: no file on disk made and removed per command, and
+    # the exported environment (secrets included) never reaches the disk.
+    os.makedirs(NEW_ROOT + STATE_DIR, 0o700)
     for source, target in ((os.path.join(here, "tmp"), "/tmp"), (os.path.join(here, "home"), "/root"),
-                           (os.path.join(here, "state"), STATE_DIR), (merged, request["workdir"])):
+                           (merged, request["workdir"])):
         inside = NEW_ROOT + target
         if not os.path.isdir(inside):
             os.makedirs(inside)

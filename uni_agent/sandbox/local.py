@@ -50,7 +50,8 @@ from .userns import NO_SUBORDINATE_IDS, UserNamespace, user_namespace
 __all__ = ["BUNDLED_TASKS_DIR", "CAPTURE_LIMIT_BYTES", "LocalDeploymentConfig", "LocalSandbox",
            "reap_orphaned_sandboxes", "sandbox_root"]
 
-STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at the supervisor's state dir
+STATE_DIR_ON_HOST = "state"  # the sandbox dir's subdirectory bound at a bwrap's supervisor's state dir (the fork
+# server's sandboxes keep theirs on their own tmpfs root: fork_server_main.py)
 CLOSE_GRACE_S = 1.0  # how long close() lets the supervisor exit by itself before killing the sandbox
 FORK_SERVER_KILL_WAIT_S = 10.0  # how long a killed sandbox of the fork server may take to be gone
 
