@@ -5,7 +5,8 @@ exported environment (secrets included; a fork server's sandbox keeps it on its 
 readable, and above all not writable, by anyone else: whoever can write a directory can rename or replace what is in
 it, and a symlink put in place of the root would redirect every start. Hence: created mode 0700; a symlink, a
 non-directory, or a directory owned by someone else is refused; one that is ours but writable by group or others is
-refused too (entries may have been planted in it); one that is ours and only readable by others is tightened to 0700. The checks run on a file descriptor opened with O_NOFOLLOW, so what is checked is what is used.
+refused too (entries may have been planted in it); one that is ours and only readable by others is tightened to
+0700. The checks run on a file descriptor opened with O_NOFOLLOW, so what is checked is what is used.
 
 The default is `<tempdir>/uni-agent-<uid>/sandboxes`: on disk (a sandbox's writes, pip installs and builds included,
 land there), moved by TMPDIR (a SLURM job's local scratch). Not `$XDG_RUNTIME_DIR`: a small tmpfs in memory (logind
