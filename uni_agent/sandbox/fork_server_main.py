@@ -8,8 +8,8 @@ is the sandbox's pid 1: it builds the sandbox's root as bwrap would (a tmpfs of 
 the workspace as an overlay over the task's git snapshot, its own /tmp and HOME, its state dir on that tmpfs, a fresh
 /proc, /dev/shm and /dev/pts), pivots into it (the fork server's views of every other sandbox are left behind),
 applies the limits, drops every capability for good (no_new_privs) and becomes the supervisor (supervisor.py, already
-loaded here) on the pipes the worker passed in. A start costs two forks and a few dozen syscalls instead of a bwrap, a shell, `mount` and a
-Python interpreter per sandbox (~3 ms against ~30 ms of CPU).
+loaded here) on the pipes the worker passed in. A start costs two forks and a few dozen syscalls instead of a bwrap,
+a shell, `mount` and a Python interpreter per sandbox (~3 ms against ~30 ms of CPU).
 
 Like the supervisor it uses the standard library alone and runs on the host's python3 (>= 3.7). It never runs
 anything from a sandbox: what it reads is the worker's control socket, which no sandbox can reach (its children
