@@ -15,7 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,20 @@ def record_figures(tree: Path, rows: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise BaselineError(f"the record cost bench failed in {tree}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Before each half of a rollout pair: the disk synced, then this long with nothing running. On ext4 without a
+# journal (this project's test machines), the inode allocator skips every inode freed in the last 30 s (5.5 min
+# while its table block is unwritten), and each sandbox makes and removes several: a half run right after the other
+# walked past those and was the slower one (docs/benchmarks.md, session 21).
+SETTLE_S = 35.0
+
+
+def settle(say: Callable[[str], None]) -> None:
+    say(f"  (sync, then {SETTLE_S:g} s of quiet before the next half: neither half inherits the other's freed inodes "
+        "or dirty pages)")
+    os.sync()
+    time.sleep(SETTLE_S)
 
 
 def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:

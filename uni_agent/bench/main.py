@@ -345,7 +345,9 @@ def compare_with_baseline(args: argparse.Namespace) -> int:
         if not args.sandbox_only and args.baseline:
             bench_args = _sweep_args(args)
             echo(f"\nrollout sweep ({' '.join(bench_args)}), {args.baseline} then now:")
+            baseline.settle(echo)
             before = baseline.sweep_figures(trees[0][1], bench_args)
+            baseline.settle(echo)
             after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)
             for line in baseline.sweep_table(before, after, args.baseline):
                 echo(line)
@@ -360,7 +362,9 @@ def _compare_sweeps(args: argparse.Namespace, before_tree: Path | None, echo, st
     bench_args = _sweep_args(args)
     echo(f"rollout sweep ({' '.join(bench_args)}), {cpus_line()}, "
          f"load average {load_average():.2f}; {args.baseline} then now:")
+    baseline.settle(echo)
     before = baseline.sweep_figures(before_tree, bench_args)
+    baseline.settle(echo)
     after = baseline.sweep_figures(baseline.THIS_TREE, bench_args)
     label = Path(args.baseline).name if Path(args.baseline).is_dir() else args.baseline
     for line in baseline.sweep_table(before, after, label):
