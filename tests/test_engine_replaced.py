@@ -40,6 +40,8 @@ from uni_agent.episode.rollout import RolloutSpec
 from uni_agent.events import TOPIC, unbatch
 from uni_agent.llm import ChatClient
 from uni_agent.private_dirs import dask_dir
+from uni_agent.sandbox.leftovers import OWNER_FILE, reap_orphaned_sandboxes
+from uni_agent.sandbox.local import sandbox_root
 from uni_agent.testing.llama_watch import answered, server_pids
 from uni_agent.testing.scripted_llm import Fault, ScriptedLLM, tool_call_message
 
@@ -56,6 +58,7 @@ class WorkerKiller(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.log, self.after = cluster, log, after
         self.killed: tuple[float, str] | None = None  # (when, the worker's address)
+        self.killed_pid: int | None = None  # the worker process's pid: its sandbox dirs' owner
         self.stop = threading.Event()
 
     def run(self):
@@ -67,6 +70,7 @@ class WorkerKiller(threading.Thread):
                 continue
             nanny = next(n for n in self.cluster.workers.values() if n.worker_address == holder)
             nanny.status = Status.closing_gracefully  # the nanny closes when its worker exits, instead of restarting it
+            self.killed_pid = nanny.pid
             os.kill(nanny.pid, signal.SIGKILL)
             self.killed = (time.time(), holder)
             return
@@ -86,6 +90,13 @@ def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0",
                       resources={"SANDBOX": 64}, local_directory=str(dask_dir())) as local, Client(local) as client:
         yield local, client
+
+
+def _owner(sandbox_dir: Path) -> int | None:
+    try:
+        return int((sandbox_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _events(logs: Path, name: str) -> list[dict]:
@@ -174,6 +185,14 @@ def test_with_no_restart_budget_the_lost_engine_ends_the_run_naming_it(tmp_path,
     finally:
         killer.stop.set()
     assert killer.killed is not None and killer.killed[1] in str(failed.value)
+    # The lost worker's sandboxes (a first-wave rollout starts its sandbox while the engine starts) died with it, but
+    # a process killed -9 cannot remove their dirs: the next sandbox start on the host reaps them (a replacement agent
+    # worker's, when the run lasts long enough to start one; CI on 2026-12-06 ended first and left 3), as here. The
+    # survivor's sandboxes close by themselves: conftest's leftover check looks after the test.
+    root = sandbox_root()
+    orphans = [d for d in root.iterdir() if _owner(d) == killer.killed_pid]
+    assert sorted(reap_orphaned_sandboxes(root)) == sorted(orphans)
+    print(f"\nthe lost worker left {len(orphans)} sandbox dirs, reaped")
 
 
 # ---- how an outage is recorded -------------------------------------------------------------------------------------
