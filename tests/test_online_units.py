@@ -82,6 +82,43 @@ def test_a_batch_gives_results_as_they_finish_groups_when_complete_and_cancels_t
     asyncio.run(scenario())
 
 
+def test_a_group_waits_for_a_rollout_whose_task_is_done_but_not_yet_landed() -> None:
+    """A task is done() before its done callbacks run (the loop calls them soon after): two rollouts that end a step
+    apart gave `groups()` a row whose second task was done but whose result had not landed, and it yielded the row
+    with one result (CI, 2026-12-06: test_rl_train_step's group of 2 came with 1). The order is forced here: the
+    collector wakes between rollout 1's task ending and its result landing; `async for` on the batch likewise must not
+    end before the last result is yielded."""
+    async def scenario() -> tuple[list[list[int]], list[int]]:
+        specs = [_spec("a", 0, 0), _spec("a", 1, 0)]
+
+        async def no_actors(keys: list[tuple[str, int]]) -> int:
+            return 0
+
+        async def at_once() -> RolloutResult:
+            return _result("a", 0)
+
+        async def a_step_later() -> RolloutResult:
+            await asyncio.sleep(0)
+            return _result("a", 1)
+
+        async def collect(batch: RolloutBatch) -> list[list[int]]:
+            return [[r.rollout for r in group.results] async for group in batch.groups()]
+
+        async def each(batch: RolloutBatch) -> list[int]:
+            return [r.rollout async for r in batch]
+
+        batches = [RolloutBatch(f"b{i}", 0, 0, 2, specs, no_actors) for i in range(2)]
+        collector, iterator = asyncio.ensure_future(collect(batches[0])), asyncio.ensure_future(each(batches[1]))
+        await asyncio.sleep(0)  # both wait for a first result
+        for batch in batches:
+            batch.track(specs[0], asyncio.ensure_future(at_once()))
+            batch.track(specs[1], asyncio.ensure_future(a_step_later()))
+        return await collector, await iterator
+
+    groups, each = asyncio.run(scenario())
+    assert (groups, sorted(each)) == ([[0, 1]], [0, 1])  # before: ([[0]], [0])
+
+
 class StandInVllm:
     """Answers vLLM's runtime routes (POST /v1/load_lora_adapter, /collective_rpc, /reset_prefix_cache) and
     records each call; `fail` makes a route answer HTTP 400 as vLLM does for an adapter path it cannot load."""

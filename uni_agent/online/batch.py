@@ -41,6 +41,9 @@ class RolloutBatch:
         self.finished: dict[tuple[str, int], RolloutResult] = {}
         self.cancelled = 0
         self.errors: dict[tuple[str, int], BaseException] = {}
+        # Keys whose landing ran. Not task.done(): a task is done a loop step or more before its done callback (the
+        # landing) runs, and a row judged complete in between was handed on without its last result.
+        self._landed_keys: set[tuple[str, int]] = set()
         self._arrived = asyncio.Event()  # set (and replaced) at every landing: wakes every waiting iterator
         self._members: dict[int, list[tuple[str, int]]] = {}  # row index -> its rollouts' keys
         for spec in specs:
@@ -57,16 +60,17 @@ class RolloutBatch:
             self.errors[key] = task.exception()
         elif task.result() is not None:  # None: no agent worker was left to run it (the service logs it)
             self.finished[key] = task.result()
+        self._landed_keys.add(key)
         arrived, self._arrived = self._arrived, asyncio.Event()
         arrived.set()
 
     @property
     def done(self) -> bool:
-        return bool(self.tasks) and all(t.done() for t in self.tasks.values())
+        return bool(self.tasks) and self._landed_keys.issuperset(self.tasks)
 
     @property
     def in_flight(self) -> int:
-        return sum(not t.done() for t in self.tasks.values())
+        return sum(key not in self._landed_keys for key in self.tasks)
 
     async def __aiter__(self) -> AsyncIterator[RolloutResult]:
         """Each rollout as it finishes (those finished before the iteration began come first)."""
@@ -86,7 +90,7 @@ class RolloutBatch:
         given: set[int] = set()
         async for _ in self:
             for row_index, keys in self._members.items():
-                if row_index in given or not all(self.tasks[k].done() for k in keys):
+                if row_index in given or not self._landed_keys.issuperset(keys):
                     continue
                 given.add(row_index)
                 results = [self.finished[k] for k in keys if k in self.finished]
