@@ -49,6 +49,8 @@ RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--agent-workers", {"type": int, "aliases": ["--num-workers"],
                          "help": "AgentWorker actors; 0 (default): one per sandbox worker process "
                                  "(--num-workers: the seed's name)"}),
+    ("--start-rate", {"type": float, "help": "rollouts started per second, evenly spaced (0, the default: all at "
+                                              "once); spreads a wave whose turns would come back as one burst"}),
     ("--max-turns", {"type": int}),
     ("--n", {"type": int, "help": "rollouts per task"}),
     ("--temperature", {"type": float}),

@@ -94,6 +94,10 @@ class RunSettings(BaseSettings):
     agent_workers: int = Field(0, ge=0)
     """AgentWorker actors, each running many rollouts as async loops on its worker's event loop; 0 = one per sandbox
     worker process (actors in one process share its loop: more adds nothing); the CLI also takes --num-workers"""
+    start_rate: float = Field(0, ge=0)
+    """rollouts started per second, evenly spaced; 0 = each as soon as its agent's concurrency allows. A wave started
+    at once comes back at once, every turn, and queues in the workers and sandboxes; about usable cores / machine
+    CPU seconds per turn spreads it (uni_agent.driver.pacing)"""
     verify: bool = True
     """grade each rollout's patch in a fresh sandbox"""
     worker_wait_timeout: float = Field(300, gt=0)

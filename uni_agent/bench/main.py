@@ -14,10 +14,11 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .baseline import settle
 from .cpu_split import breakdown_line, split_line
 from .endpoint import EndpointProcess
 from .lifetime import stop_on_signals
@@ -56,6 +57,7 @@ class BenchOptions:
     profile_dir: Path | None = None
     json_path: Path | None = None
     keep: bool = False
+    start_rates: list[float] = field(default_factory=lambda: [0.0])  # the run's start_rate (0: all at once)
 
 
 def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
@@ -80,10 +82,13 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     with EndpointProcess(options.delay_s, options.turns, options.command) as endpoint:
         for concurrency in options.concurrency:
             rollouts = options.waves * concurrency
-            for workers in options.workers:
+            for workers, rate in ((w, r) for w in options.workers for r in options.start_rates):
+                if len(options.start_rates) > 1:  # rates compared in one invocation: neither inherits the other's
+                    settle(echo)  # freed inodes (baseline.settle)
+                name = f"ours-w{workers}-c{concurrency}" + (f"-r{rate:g}" if rate else "")
                 row = run_ours(endpoint.base_url, concurrency=concurrency, workers=workers, turns=options.turns,
-                               delay_s=options.delay_s, rollouts=rollouts, out_dir=out / f"ours-w{workers}-c{concurrency}",
-                               profile_dir=options.profile_dir, endpoint_pids=[endpoint.pid])
+                               delay_s=options.delay_s, rollouts=rollouts, out_dir=out / name,
+                               profile_dir=options.profile_dir, endpoint_pids=[endpoint.pid], start_rate=rate)
                 rows.append(row)
                 echo(table_line(row))
                 echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
@@ -143,12 +148,17 @@ def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    floats = lambda text: [float(x) for x in text.split(",") if x.strip()]  # noqa: E731
     parser.add_argument("--concurrency", type=ints, default=None, help="concurrent rollouts to sweep (default 16,64,256,1024)")
     parser.add_argument("--workers", type=ints, default=None, help="Dask worker processes to sweep (default 1,2)")
     parser.add_argument("--turns", type=int, default=None, help="execute_bash turns per rollout, before submit (default 8)")
     parser.add_argument("--delay-s", type=float, default=None, help="endpoint latency per LLM call (default 2)")
     parser.add_argument("--waves", type=int, default=None, help="rollouts = waves x concurrency (default 2)")
     parser.add_argument("--command", default=None, help="the command each turn runs (default: echo hello && ls)")
+    parser.add_argument("--start-rate", type=floats, default=None, metavar="RATES",
+                        help="the runs' start_rate, rollouts started per second (0: all at once, the default); "
+                        "several, comma-separated, are run one after another at each point (0,300: a pair without "
+                        "and with it, in one invocation); with --simulate too")
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help="also run mini-swe-agent's batch runner on the same workload (needs the bench extra)")
     parser.add_argument("--peer-max-concurrency", type=int, default=64,
@@ -213,7 +223,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
                         delay_s=pick("delay_s"), waves=pick("waves"),
                         command=args.command or BenchOptions.command, peer=args.peer,
                         peer_max_concurrency=args.peer_max_concurrency, out_dir=args.out,
-                        profile_dir=args.profile, json_path=args.json)
+                        profile_dir=args.profile, json_path=args.json, start_rates=args.start_rate or [0.0])
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -232,6 +242,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.baseline and any(args.start_rate or []):
+        raise SystemExit("uni-agent bench: --start-rate with --baseline: an earlier tree may have no start rate, and a "
+                         "pair must differ in one thing; compare rates in one invocation instead (--start-rate 0,R)")
     if args.image_starts:
         from .image_start import compare
 
@@ -268,7 +281,8 @@ def simulate(args: argparse.Namespace) -> int:
                          turns=args.turns if args.turns is not None else 4, command_s=args.command_s,
                          waves=args.waves or 1, endpoint_processes=args.endpoint_processes, faults=args.faults,
                          faults_only=args.faults_only,
-                         out_dir=args.out, profile_dir=args.profile, json_path=args.json)
+                         out_dir=args.out, profile_dir=args.profile, json_path=args.json,
+                         start_rates=args.start_rate or [0.0])
     started = time.monotonic()
     echo = lambda line: print(line, flush=True)  # noqa: E731
     before = None
@@ -379,4 +393,4 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
     options = options_from(args)
     return ["--concurrency", ",".join(map(str, options.concurrency)), "--workers", ",".join(map(str, options.workers)),
             "--turns", str(options.turns), "--delay-s", f"{options.delay_s:g}", "--waves", str(options.waves),
-            "--command", options.command]
+            "--command", options.command]  # no --start-rate: an earlier tree has none (refused with --baseline)

@@ -49,7 +49,8 @@ def bench_agents(concurrency: int, turns: int):
 
 
 def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay_s: float, rollouts: int,
-             out_dir: Path, profile_dir: Path | None = None, endpoint_pids: list[int] | None = None) -> dict[str, Any]:
+             out_dir: Path, profile_dir: Path | None = None, endpoint_pids: list[int] | None = None,
+             start_rate: float = 0.0) -> dict[str, Any]:
     import threading
 
     import dask
@@ -84,7 +85,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
             started, wall_started = time.monotonic(), time.time()
             outcome = run(rows, bench_agents(concurrency, turns), client=client, engine="external",
                           base_url=base_url, model_name="scripted", n=rollouts, agent_workers=workers, verify=False,
-                          progress=False, output_dir=str(out_dir), log_level="INFO")
+                          progress=False, output_dir=str(out_dir), log_level="INFO", start_rate=start_rate)
             makespan, wall_returned = time.monotonic() - started, time.time()
         stop_on_signals()  # the run's own handlers left the default behind
         machine_cpu = machine_cpu_seconds() - machine_before
@@ -101,6 +102,7 @@ def run_ours(base_url: str, *, concurrency: int, workers: int, turns: int, delay
     failures = results[results["exit_reason"] != "submitted"]
     return {
         "system": "uni-agent", "workers": workers, "concurrency": concurrency, "rollouts": rollouts, "ok": ok,
+        "start_rate": start_rate,
         **record_counts(out_dir / "results", rollouts),  # recorded, lost, duplicates: from the part files
         "makespan_s": makespan, "ideal_s": ideal, "efficiency": ideal / makespan,
         "rollouts_per_min": rollouts / makespan * 60,

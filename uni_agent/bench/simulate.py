@@ -42,6 +42,7 @@ from .measure import (
     open_files_line,
     record_counts,
 )
+from .baseline import settle
 from .out_dir import refuse_earlier_results
 from .simulate_processes import ProcessCluster, Sampler, page_probe, stop_session
 from .simulate_report import check_line, growth_lines, table_head, table_line
@@ -69,6 +70,7 @@ class SimOptions:
     # the share of the ephemeral ports one endpoint address takes (measure.PORT_FILL): `--baseline` lays the endpoint
     # out as the earlier tree's bench did (baseline.port_fill)
     port_fill: float = PORT_FILL
+    start_rates: list[float] = field(default_factory=lambda: [0.0])  # the driver's --start-rate at each point
 
 
 def ideal_makespan(options: SimOptions) -> float:
@@ -110,12 +112,14 @@ def write_inputs(out: Path, options: SimOptions, in_flight: int) -> tuple[Path, 
 
 
 def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, out: Path, workers: int,
-            log_name: str) -> subprocess.Popen:
+            log_name: str, start_rate: float = 0.0) -> subprocess.Popen:
     log = open(out / log_name, "w")  # noqa: SIM115 - closed with the process
     argv = [str(Path(sys.executable).parent / "uni-agent"), "run", "--data-path", str(data), "--agent-config-path",
             str(config), "--scheduler-file", str(cluster.scheduler_file), "--engine", "external", "--base-url",
             endpoint, "--model", "scripted", "--n", str(N_PER_TASK), "--num-workers", str(workers), "--no-verify",
             "--no-progress", "--output-dir", str(out / "run")]
+    if start_rate:  # only when asked: an earlier tree's driver (--baseline) has no such flag
+        argv += ["--start-rate", f"{start_rate:g}"]
     if not Path(argv[0]).exists():
         argv[:1] = [sys.executable, "-c", "from uni_agent.cli import main; raise SystemExit(main())"]
     # the cluster's environment: its credentials (a TLS scheduler, joined as the SLURM job scripts' drivers do), its
@@ -125,14 +129,16 @@ def _driver(cluster: ProcessCluster, data: Path, config: Path, endpoint: str, ou
                             cwd=cluster.cwd, preexec_fn=die_with_bench())
 
 
-def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults: bool = False) -> dict[str, Any]:
+def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults: bool = False,
+              start_rate: float = 0.0) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     refuse_earlier_results(out / "run")  # a driver on them would resume, with nothing to do
     out.mkdir(parents=True, exist_ok=True)
     data, config, rollouts = write_inputs(out, options, in_flight)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **options.extra_env}
-    row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers}
+    row: dict[str, Any] = {"in_flight": in_flight, "rollouts": rollouts, "workers": options.workers,
+                           "start_rate": start_rate}
     addresses = endpoint_addresses(in_flight, options.port_fill)
     row["endpoint_addresses"] = addresses
     with EndpointPool(options.endpoint_processes, options.delay_s, options.turns, COMMAND, addresses) as endpoint, \
@@ -147,7 +153,7 @@ def run_point(options: SimOptions, in_flight: int, out: Path, echo=print, faults
         events0 = cluster.client.run_on_scheduler(page_probe)["events"]
         load_before = load_average()
         started, started_wall = time.monotonic(), time.time()
-        driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, "driver.log")
+        driver = _driver(cluster, data, config, endpoint.base_url, out, options.workers, "driver.log", start_rate)
         try:
             sampler.watch("driver", driver.pid)
             profile(driver.pid, "driver")
@@ -322,8 +328,12 @@ def run_simulation(options: SimOptions, echo=print) -> dict[str, Any]:
         echo(note)
     echo(table_head())
     rows = []
-    for in_flight in [] if options.faults_only else options.in_flight:
-        row = run_point(options, in_flight, out / f"c{in_flight}", echo)
+    points = [(f, r) for f in options.in_flight for r in options.start_rates]
+    for in_flight, rate in [] if options.faults_only else points:
+        if len(options.start_rates) > 1:  # rates compared in one invocation: settled before each (baseline.settle)
+            settle(echo)
+        row = run_point(options, in_flight, out / (f"c{in_flight}" + (f"-r{rate:g}" if rate else "")), echo,
+                        start_rate=rate)
         rows.append(row)
         echo(table_line(row))
         echo(check_line(row))

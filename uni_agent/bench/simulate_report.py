@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-COLUMNS = [("in flight", 9), ("ok/total", 13), ("makespan s", 10), ("ideal s", 7), ("eff", 5), ("rollouts/min", 12),
+COLUMNS = [("in flight", 9), ("start/s", 7), ("ok/total", 13), ("makespan s", 10), ("ideal s", 7), ("eff", 5),
+           ("rollouts/min", 12),
            ("sched cores", 11), ("sched MiB", 9), ("driver cores", 12), ("driver MiB", 10), ("worker cores", 12),
            ("worker MiB", 10), ("events/s", 8), ("page KB", 7), ("page ms", 7), ("pq KB/s", 7), ("parts", 5), ("load", 5)]
 
@@ -15,7 +16,8 @@ def table_line(row: dict[str, Any]) -> str:
     workers = [k for k in row["worker_cores"]]
     rss = row["peak_rss_mib"]
     driver_mib = max([rss.get("driver", 0.0), rss.get("driver-resumed", 0.0)])
-    values = [row["in_flight"], f"{row['recorded'] - row['duplicates']}/{row['rollouts']}", f"{row['makespan_s']:.1f}",
+    values = [row["in_flight"], f"{row['start_rate']:g}" if row.get("start_rate") else "-",
+              f"{row['recorded'] - row['duplicates']}/{row['rollouts']}", f"{row['makespan_s']:.1f}",
               f"{row['ideal_s']:.1f}", f"{row['efficiency']:.2f}", f"{row['rollouts_per_min']:.0f}",
               f"{row['scheduler_cores']:.2f}", f"{rss.get('scheduler', 0):.0f}", f"{row['driver_cores']:.2f}",
               f"{driver_mib:.0f}", "/".join(f"{row['worker_cores'][w]:.2f}" for w in workers),
@@ -50,6 +52,7 @@ def growth_lines(rows: list[dict[str, Any]]) -> list[str]:
     """How each figure grows with the rollouts: the exponent k in figure ~ rollouts^k between the smallest and the
     largest point (1 = linear; above 1 grows faster than linearly), and the figure per rollout at each point."""
     rows = [r for r in rows if not r["faults"]]
+    rows = [r for r in rows if r.get("start_rate") == rows[0].get("start_rate")] if rows else rows  # one rate's points
     if len(rows) < 2:
         return []
     small, large = rows[0], rows[-1]

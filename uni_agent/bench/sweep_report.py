@@ -16,7 +16,8 @@ TARGET_FULL_COMPLETION_AT = 1024
 TARGET_PEER_RATIO = 2.0  # rollouts/min against mini-swe-agent's at TARGET_EFFICIENCY_AT (issue 27)
 
 
-COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"), ("lost/dup", 8, "{}"),
+COLUMNS = [("system", 14, "{}"), ("workers", 7, "{}"), ("start/s", 7, "{}"), ("conc", 5, "{}"), ("ok/total", 10, "{}"),
+           ("lost/dup", 8, "{}"),
            ("makespan s", 10, "{:.1f}"), ("ideal s", 7, "{:.1f}"), ("eff", 5, "{:.2f}"), ("rollouts/min", 12, "{:.0f}"),
            ("fw CPU ms/turn", 14, "{:.2f}"), ("sbx CPU ms/turn", 15, "{:.2f}"), ("machine CPU ms/turn", 19, "{}"),
            ("start p50/p95 ms", 16, "{}"), ("lead-in/tail s", 14, "{}"),
@@ -30,9 +31,11 @@ def table_head() -> str:
 
 def table_line(row: dict[str, Any]) -> str:
     if "failed" in row:
-        return f"{row['system']:>14} | {'':>7} | {row['concurrency']:>5} | FAILED: {row['failed'].splitlines()[-1][:150]}"
+        return (f"{row['system']:>14} | {'':>7} | {'':>7} | {row['concurrency']:>5} | "
+                f"FAILED: {row['failed'].splitlines()[-1][:150]}")
     values = {
         "system": row["system"], "workers": row["workers"], "conc": row["concurrency"],
+        "start/s": f"{row['start_rate']:g}" if row.get("start_rate") else "-",
         "ok/total": f"{row['ok']}/{row['rollouts']}", "lost/dup": lost_dup(row), "makespan s": row["makespan_s"], "ideal s": row["ideal_s"],
         "eff": row["efficiency"], "rollouts/min": row["rollouts_per_min"],
         "fw CPU ms/turn": row["framework_cpu_ms_per_turn"], "sbx CPU ms/turn": row["sandbox_cpu_ms_per_turn"],

@@ -29,6 +29,7 @@ from ..grading import Verification, verify_patch
 from ..verification import VerificationStatus, no_result
 from .cluster import sandbox_workers
 from .mailbox import ActorUnreachable, Mailboxes
+from .pacing import StartPacer
 from .policy import DispatchPolicy, Enough, GiveUp, NeedActor, NoWorkerCameBack, Replace, Send, StartActor
 from .pool import ActorPool
 from .progress import Progress, RolloutEvents, run_phase
@@ -51,6 +52,7 @@ class Dispatcher:
         self.client, self.pool, self.policy, self.store, self.settings = client, pool, policy, store, settings
         self.placement = placement  # where verification futures go (cluster.verification_placement)
         self.limits: dict[str, asyncio.Semaphore] = {}  # agent name -> its `concurrency`
+        self.pacer = StartPacer(settings.start_rate)  # starts spaced, not all at once (pacing.py)
         self.progress = Progress(settings.progress)
         self.events = RolloutEvents(client)
         self.not_run: list[RolloutSpec] = []  # rollouts left when every agent worker was lost
@@ -115,6 +117,7 @@ class Dispatcher:
             if not await self._results_writable():
                 self.not_started.append(spec)
                 return None
+            await self.pacer.wait()
             self.progress.started()
             if self.settings.verify and spec.agent.reward.in_agent_sandbox:
                 spec = dataclasses.replace(spec, grade_in_agent_sandbox=True)
