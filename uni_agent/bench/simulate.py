@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .baseline import settle
 from .endpoint_pool import EndpointPool
 from .lifetime import die_with_bench
 from .measure import (
@@ -42,7 +43,6 @@ from .measure import (
     open_files_line,
     record_counts,
 )
-from .baseline import settle
 from .out_dir import refuse_earlier_results
 from .simulate_processes import ProcessCluster, Sampler, page_probe, stop_session
 from .simulate_report import check_line, growth_lines, table_head, table_line

@@ -2,10 +2,10 @@
 
 A wave whose rollouts start together gets its model replies back together, and so does every turn after it: each
 turn's replies, commands and next requests arrive at the workers and sandboxes as one burst that they work through
-together, so every rollout waits for the whole burst at every turn (256 rollouts on 2 cores: 1.6-1.7 s past the ideal
+together, so every rollout waits for the whole burst at every turn (256 rollouts on 2 cores: 1.4-1.6 s past the ideal
 on average after 9 turns). Started a few milliseconds apart, the rollouts keep that spacing turn after turn and
 each turn's work arrives as fast as the machine does it. The spacing costs the last rollout its delay; it pays where
-a burst takes the machine longer than the spread (docs/benchmarks.md, "Rollout starts spaced")."""
+a burst takes the machine longer than the spread (docs/benchmarks.md, "Issue 40, 2026-12-07")."""
 
 from __future__ import annotations
 
