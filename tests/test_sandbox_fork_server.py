@@ -92,6 +92,30 @@ def test_a_dead_fork_server_fails_its_sandboxes_and_the_next_start_gets_a_new_on
     assert new != dead and output == "original b\n"
 
 
+def test_a_sandbox_whose_stream_fails_on_a_write_says_why_as_a_failed_read_does() -> None:
+    """Which side of a dead sandbox's stream notices first is a race: the read (the supervisor's stdout at its end,
+    whose message says how the sandbox ended) or the next request's write (a reset pipe). The write's error said only
+    "could not reach the supervisor (ConnectionResetError)" (CI on a clean clone, 2026-12-07: the test above); it now
+    asks the transport how the sandbox ended, as the read does."""
+    from uni_agent.sandbox.session import Session
+
+    async def reset(data: bytes | None) -> None:
+        raise ConnectionResetError("reset by peer")
+
+    async def describe_end() -> str:
+        return "the sandbox's pid 1 in the fork server (pid 4242, gone) ended"
+
+    async def main() -> str:
+        session = Session("s1", asyncio.StreamReader(), reset, describe_end)
+        with pytest.raises(SandboxError) as caught:
+            await session._send_message(b"run 1\n")
+        return str(caught.value)
+
+    message = run(main())
+    assert "could not reach the supervisor (ConnectionResetError)" in message, message
+    assert "fork server (pid 4242, gone) ended" in message, message
+
+
 
 NICE_AND_GROUP = "awk '{print $19}' /proc/$$/stat; cat /proc/$$/autogroup 2>/dev/null || echo none"
 

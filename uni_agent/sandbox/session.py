@@ -182,8 +182,11 @@ class Session:
                 self._broken = self._broken or f"a message was cancelled while it was being sent: {data[:40]!r}"
                 raise
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-                raise SandboxError(f"sandbox {self.name} is gone: could not reach the supervisor "
-                                   f"({type(exc).__name__})") from None
+                # said as the reading side says it (_fail): which of the two notices the end first is a race
+                what = f"could not reach the supervisor ({type(exc).__name__})"
+                with contextlib.suppress(Exception):
+                    what += f" ({await asyncio.wait_for(self._describe_end(), 5)})"
+                raise SandboxError(f"sandbox {self.name} is gone: {what}") from None
 
     # -- what the supervisor sends ------------------------------------------------------------------------------
     async def _read_messages(self) -> None:
