@@ -182,11 +182,9 @@ class Session:
                 self._broken = self._broken or f"a message was cancelled while it was being sent: {data[:40]!r}"
                 raise
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-                # said as the reading side says it (_fail): which of the two notices the end first is a race
-                what = f"could not reach the supervisor ({type(exc).__name__})"
-                with contextlib.suppress(Exception):
-                    what += f" ({await asyncio.wait_for(self._describe_end(), 5)})"
-                raise SandboxError(f"sandbox {self.name} is gone: {what}") from None
+                # ended as the reading side ends (_fail, which says how the sandbox ended): which of the two notices
+                # the end first is a race
+                await self._fail(f"could not reach the supervisor ({type(exc).__name__})")
 
     # -- what the supervisor sends ------------------------------------------------------------------------------
     async def _read_messages(self) -> None:
