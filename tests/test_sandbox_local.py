@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import select
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -753,9 +754,76 @@ def test_a_removal_cut_short_leaves_a_dir_the_next_reap_finishes(tmp_path: Path,
     with monkeypatch.context() as patched:
         patched.setattr(leftovers, "remove_tree", killed_after_the_first)
         with pytest.raises(SystemExit):
-            local.remove_sandbox_dir(box)
+            leftovers.remove_sandbox_dir(box)
     assert len(removed) == 1 and (box / local.OWNER_FILE).exists()
     assert local.reap_orphaned_sandboxes(root) == [box] and not box.exists()
+
+
+def test_a_start_reaps_a_dead_owners_dir_at_most_every_reap_interval(repo: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start reaps the root (a dead worker's dir goes), the next start within REAP_EVERY_S does not list it again,
+    and the first start after the interval does."""
+    from uni_agent.sandbox import leftovers, local
+
+    root = Path(os.environ["UNI_AGENT_SANDBOX_ROOT"])
+    clock = [1000.0]
+    monkeypatch.setattr(leftovers.time, "monotonic", lambda: clock[0])
+
+    def orphan(name: str) -> Path:
+        (root / name / "upper").mkdir(parents=True)
+        (root / name / local.OWNER_FILE).write_text(str(subprocess_pid_that_exited()))
+        return root / name
+
+    async def start_one(name: str) -> None:
+        async with sandbox(repo, name=name):
+            pass
+
+    first = orphan("first-orphan")
+    run(start_one("a"))
+    assert not first.exists()
+    second = orphan("second-orphan")
+    clock[0] += leftovers.REAP_EVERY_S / 2
+    run(start_one("b"))
+    assert second.exists(), "a start within the interval reaped again"
+    clock[0] += leftovers.REAP_EVERY_S
+    run(start_one("c"))
+    assert not second.exists()
+
+
+def test_sandboxes_closed_together_are_removed_on_the_one_removal_thread(repo: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wave's sandboxes closing at once remove their dirs one after another on the process's removal thread
+    (concurrent removals cost more CPU for no gain in time), and every dir is gone when its close returns."""
+    from uni_agent.sandbox import leftovers
+
+    threads: list[str] = []
+    running = [0]
+    most = [0]
+    real = leftovers.remove_sandbox_dir
+
+    def watched(path: Any) -> None:
+        threads.append(threading.current_thread().name)
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.01)  # long enough that removals on several threads would overlap
+            real(path)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(leftovers, "remove_sandbox_dir", watched)
+
+    async def main() -> list[Path]:
+        boxes = [LocalDeploymentConfig(repo=str(repo)).build({}, f"w{i}") for i in range(6)]
+        await asyncio.gather(*(box.start() for box in boxes))
+        dirs = [box.dir for box in boxes]
+        await asyncio.gather(*(box.close() for box in boxes))
+        return dirs
+
+    dirs = run(main())
+    assert len(threads) == 6 and most[0] == 1
+    assert {name.startswith("uni-agent-removal") for name in threads} == {True}
+    assert not [d for d in dirs if d is not None and d.exists()]
 
 
 OWNER_SCRIPT = """

@@ -130,7 +130,7 @@ def sweep_figures(tree: Path, bench_args: list[str]) -> dict[str, Any]:
 SANDBOX_COLUMNS = [("tree", 22, "{}"), ("backend", 7, "{}"), ("true p50 ms", 11, "{:.2f}"),
                    ("true p95 ms", 11, "{:.2f}"), ("machine CPU ms/cmd", 18, "{:.2f}"), ("own CPU ms/cmd", 14, "{}"),
                    ("MiB/live sandbox", 16, "{}"), ("start p50 ms", 12, "{}"), ("own CPU ms/start", 16, "{}"),
-                   ("close after write ms", 20, "{}")]
+                   ("close after write ms", 20, "{}"), ("wave: own CPU ms/sandbox", 24, "{}")]
 
 
 def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -140,7 +140,8 @@ def sandbox_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
         values = [label, f["backend"], f["rtt_p50_ms"], f["rtt_p95_ms"], f["machine_cpu_ms_per_command"],
                   _figure(f.get("own_cpu_ms_per_command"), "{:.2f}"), _figure(f["memory_mib_per_sandbox"], "{:.1f}"),
                   _figure(f.get("start_p50_ms"), "{:.1f}"), _figure(f.get("own_cpu_ms_per_start"), "{:.1f}"),
-                  _figure(f.get("close_after_write_ms"), "{:.0f}")]
+                  _figure(f.get("close_after_write_ms"), "{:.0f}"),
+                  _figure(f.get("wave_process_cpu_ms_per_sandbox"), "{:.2f}")]
         lines.append(" | ".join(fmt.format(v).rjust(width) for (_, width, fmt), v in zip(SANDBOX_COLUMNS, values)))
     return lines
 

@@ -17,6 +17,9 @@ Figures:
 - close after writes: `write_sandboxes` sandboxes each write `write_mib` MiB to their workspace (no sync), then close
   all at once: wall time until the last close returned. A workspace overlay whose unmount syncs its filesystem waits
   for the disk here; a volatile one (Linux 5.10 on) drops what the sandbox wrote.
+- a wave: `wave_sandboxes` sandboxes started at once, each given `echo hello && ls`, closed at once (the rollout
+  bench's first and last moments): this process's own CPU (rusage: its threads, not its children) per sandbox, what
+  an agent worker pays for each sandbox it opens and closes, and the wall time of the three steps.
 - own CPU: where this process can make a cgroup v1 cpuacct group of its own (root), the CPU per command and per start
   is read from it as well: this process and everything it started, orphans included (bwrap's children outlive their
   parent and rusage loses them), and nothing of what else runs on the machine. Elsewhere those columns are "-".
@@ -30,6 +33,7 @@ import atexit
 import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -108,7 +112,7 @@ def built(config: Any, name: str) -> Any:
 
 async def measure(backend: str, image: str | None, commands: int, sandboxes: int, starts: int = 30,
                   own_cpu: Callable[[], float] | None = None, write_sandboxes: int = 8,
-                  write_mib: int = 64) -> dict[str, Any]:
+                  write_mib: int = 64, wave_sandboxes: int = 256) -> dict[str, Any]:
     config = deployment(backend, image)
     own = own_cpu or (lambda: float("nan"))
     box = built(config, "rtt")
@@ -158,6 +162,7 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
         finally:
             await asyncio.gather(*(one.close() for one in boxes))
     close_after_write_s = await close_after_writes(config, write_sandboxes, write_mib) if write_sandboxes else None
+    wave = await wave_cost(config, wave_sandboxes) if wave_sandboxes else None
     return {
         "backend": backend,
         "commands": commands,
@@ -176,7 +181,31 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
         "write_sandboxes": write_sandboxes,
         "write_mib": write_mib,
         "close_after_write_ms": None if close_after_write_s is None else round(1000 * close_after_write_s, 1),
+        "wave_sandboxes": wave_sandboxes,
+        "wave_process_cpu_ms_per_sandbox": None if wave is None else round(1000 * wave[0], 2),
+        "wave_s": None if wave is None else round(wave[1], 2),
     }
+
+
+def process_cpu_seconds() -> float:
+    """This process's own user+system CPU, all its threads (not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def wave_cost(config: Any, sandboxes: int) -> tuple[float, float]:
+    """(this process's CPU seconds per sandbox, wall seconds) for `sandboxes` started at once, given one command
+    each, closed at once."""
+    boxes = [built(config, f"wave{i}") for i in range(sandboxes)]
+    cpu0, wall0 = process_cpu_seconds(), time.monotonic()
+    try:
+        await asyncio.gather(*(one.start() for one in boxes))
+        ran = await asyncio.gather(*(one.exec("echo hello && ls", 60) for one in boxes))
+        if any(result.exit_code != 0 for result in ran):
+            raise RuntimeError(f"a command failed in a sandbox of the wave: {ran[0]}")
+    finally:
+        await asyncio.gather(*(one.close() for one in boxes), return_exceptions=True)
+    return (process_cpu_seconds() - cpu0) / sandboxes, time.monotonic() - wall0
 
 
 async def close_after_writes(config: Any, sandboxes: int, mib: int) -> float:
@@ -206,10 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-sandboxes", type=int, default=8,
                         help="sandboxes that write, then close at once, for the close figure (0: skip)")
     parser.add_argument("--write-mib", type=int, default=64, help="MiB each of them writes")
+    parser.add_argument("--wave-sandboxes", type=int, default=256,
+                        help="sandboxes started, given a command and closed at once, for the wave figure (0: skip)")
     args = parser.parse_args(argv)
     own_cpu = own_cgroup_cpu()  # before anything starts, so all of it is counted
     figures = asyncio.run(measure(args.backend, args.image, args.commands, args.sandboxes, args.starts, own_cpu,
-                                  args.write_sandboxes, args.write_mib))
+                                  args.write_sandboxes, args.write_mib, args.wave_sandboxes))
     json.dump(figures, sys.stdout)
     print()
 

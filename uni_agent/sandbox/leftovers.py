@@ -1,19 +1,34 @@
-"""Sandbox dirs whose owner is gone: found and removed at every sandbox start (a worker killed with -9 cannot clean
-up after itself), a sandbox dir's own removal, in an order that a kill halfway cannot turn into a leak, and the
-making of what a teardown must remove, kept through a cancel (to_thread_kept)."""
+"""Sandbox dirs whose owner is gone: found and removed at sandbox starts (a worker killed with -9 cannot clean up
+after itself), a sandbox dir's own removal, in an order that a kill halfway cannot turn into a leak, on the
+process's one removal thread, and the making of what a teardown must remove, kept through a cancel
+(to_thread_kept)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 
 from .process_limit import reap_orphaned_cgroups
 from .userns import remove_tree
 
 OWNER_FILE = "owner.pid"
+
+# A sandbox start reaps the root at most this often per process. Every start used to: at 1,024 sandboxes under one
+# root a reap lists them all (~1 ms of CPU on this project's 2-core VM), once per start, so a wave of 1,024 paid
+# ~0.5 s of its workers' CPU for dirs that a dead worker left, which the next start a few seconds later finds as well.
+REAP_EVERY_S = 5.0
+_last_reap: dict[str, float] = {}
+
+# Removals go through one thread per process: concurrent ones (the default pool's threads, a wave's sandboxes
+# closing together) fight over the sandboxes root's lock and the interpreter's, and cost more CPU for no gain in
+# time (256 closed at once on the 2-core VM: 1.45-2.05 ms of the process's CPU per sandbox with the pool,
+# 0.76-0.96 with one thread, 0.44-0.57 s either way; `uni-agent bench --sandbox-only`'s wave figure).
+_removal_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="uni-agent-removal")
 
 
 async def to_thread_kept(func, *args):
@@ -37,14 +52,25 @@ async def to_thread_kept(func, *args):
             task.cancel()
 
 
+def reap_due(root: Path) -> bool:
+    """Whether a sandbox start should reap `root` now (REAP_EVERY_S since this process last did); says yes once."""
+    now = time.monotonic()
+    last = _last_reap.get(str(root))
+    if last is not None and now - last < REAP_EVERY_S:
+        return False
+    _last_reap[str(root)] = now
+    return True
+
+
 def reap_orphaned_sandboxes(root: Path) -> list[Path]:
     """Remove sandbox dirs whose owning process is gone (a worker killed with -9 cannot clean up after itself).
 
     Its sandbox died with it (PDEATHSIG, bwrap --die-with-parent, and the overlay mount lived only in the
-    sandbox's namespace), so only the directory is left. Run at every sandbox start: another worker on this host may have died since the
-    last one. Kept cheap with a thousand sandboxes under the root (a read per dir per start would be O(n^2) in all):
-    each dir's owner is read once per process and remembered, liveness is checked once per distinct owner, and a reap
-    that finds another one running in this process returns at once (that one is as recent)."""
+    sandbox's namespace), so only the directory is left. Run at sandbox starts, at most every REAP_EVERY_S
+    (reap_due): another worker on this host may have died since the last one. Kept cheap with a thousand sandboxes
+    under the root (a read per dir per reap would be O(n^2) in all): each dir's owner is read once per process and
+    remembered, liveness is checked once per distinct owner, and a reap that finds another one running in this
+    process returns at once (that one is as recent)."""
     if not _reap_lock.acquire(blocking=False):
         return []
     try:
@@ -74,6 +100,11 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
         return removed
     finally:
         _reap_lock.release()
+
+
+async def remove_in_removal_thread(path: str | os.PathLike[str]) -> None:
+    """remove_sandbox_dir on the process's removal thread (why one thread: _removal_thread)."""
+    await asyncio.get_running_loop().run_in_executor(_removal_thread, remove_sandbox_dir, path)
 
 
 def remove_sandbox_dir(path: str | os.PathLike[str]) -> None:

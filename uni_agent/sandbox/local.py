@@ -37,7 +37,7 @@ from .backend import SessionSandbox, Transport, pipe_transport, process_transpor
 from .base import DeploymentBase, ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv, host_env
 from .image_store import ImageLease, ImageRootfs, ImageStore
-from .leftovers import OWNER_FILE, reap_orphaned_sandboxes, remove_sandbox_dir, to_thread_kept
+from .leftovers import OWNER_FILE, reap_due, reap_orphaned_sandboxes, remove_in_removal_thread, to_thread_kept
 from .fork_server import (ForkServer, ForkServerClosed, ForkServerKey, fork_server_failure, fork_server_for,
                           fork_server_stderr, running_fork_server)
 from .overlay import SETUP_SCRIPT, overlay_wanted
@@ -138,7 +138,8 @@ class LocalSandbox(SessionSandbox):
         if self.config.repo:
             self._base = await asyncio.to_thread(prepare_base_repo, resolve_repo(self.config.repo))
         root = await asyncio.to_thread(sandbox_root)
-        await asyncio.to_thread(reap_orphaned_sandboxes, root)
+        if reap_due(root):
+            await asyncio.to_thread(reap_orphaned_sandboxes, root)
         image_dirs = ("root-upper", "root-work", "root") if self._lease is not None else ()
         self.dir = await to_thread_kept(
             make_private_subdir, root, self.name, ("upper", "work", "merged", "tmp", "home", STATE_DIR_ON_HOST,
@@ -314,7 +315,7 @@ class LocalSandbox(SessionSandbox):
             self._lease.release()
             self._lease = None
         if self.dir is not None:
-            await asyncio.to_thread(remove_sandbox_dir, self.dir)
+            await remove_in_removal_thread(self.dir)
             self.dir = None
 
     async def _end_in_fork_server(self) -> None:
