@@ -94,6 +94,9 @@ def test_bench_tiny_run_prints_a_sane_table(tmp_path):
     assert 10 < row["peak_fds_worker"] <= fds_needed(4, 1)
     assert any(line.startswith("open files: ") for line in lines) and "open files at peak: busiest worker" in text
     assert report["endpoint"]["requests"] == 8 * 3
+    # The endpoint's own lag, apart from the model calls' wait past their delay: none of it below zero.
+    assert 0 <= report["endpoint"]["late_mean_s"] <= report["endpoint"]["late_max_s"] < 0.5
+    assert "of the model calls' wait past their delay, the endpoint's own part" in text
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["ok"] == 8
     # Every target has a line: measured ones MET or NOT MET, the rest say they were not run.
     assert len(report["targets"]) == 7 and "not run" in report["targets"][1] and "not run" in report["targets"][-1]

@@ -37,6 +37,7 @@ class _Figures:
     def __init__(self) -> None:
         self.requests = 0
         self.late_max_s = 0.0  # how much later than `delay_s` a reply left (event-loop lag: an overloaded endpoint)
+        self.late_sum_s = 0.0
 
 
 async def _serve(hosts: list[str], port: int, delay_s: float, policy: BenchPolicy, figures: _Figures) -> None:
@@ -56,7 +57,9 @@ async def _serve(hosts: list[str], port: int, delay_s: float, policy: BenchPolic
                     request = json.loads(data or b"{}")
                     figures.requests += 1
                     await asyncio.sleep(delay_s - (time.monotonic() - received))
-                    figures.late_max_s = max(figures.late_max_s, time.monotonic() - received - delay_s)
+                    late = time.monotonic() - received - delay_s
+                    figures.late_max_s = max(figures.late_max_s, late)
+                    figures.late_sum_s += late
                     status, body = 200, chat_completion(policy(request), request, MODEL)
                 else:
                     status, body = 404, {}
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     try:
         print(json.dumps({"requests": figures.requests, "cpu_s": usage.ru_utime + usage.ru_stime,
-                          "late_max_s": figures.late_max_s}), flush=True)
+                          "late_max_s": figures.late_max_s, "late_sum_s": figures.late_sum_s}), flush=True)
     except BrokenPipeError:  # the bench is gone: nobody to tell
         return 1
     return 0
@@ -140,6 +143,8 @@ class EndpointPool:
         self.stats = {"processes": self.processes, "requests": sum(f["requests"] for f in figures),
                       "cpu_s": sum(f["cpu_s"] for f in figures),
                       "late_max_s": max((f["late_max_s"] for f in figures), default=float("nan"))}
+        requests = self.stats["requests"]
+        self.stats["late_mean_s"] = sum(f.get("late_sum_s", 0.0) for f in figures) / requests if requests else None
 
 
 def _hold_port(hosts: list[str]) -> tuple[list[socket.socket], int]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .baseline import settle
 from .cpu_split import breakdown_line, split_line
-from .endpoint import EndpointProcess
+from .endpoint_pool import EndpointPool
 from .lifetime import stop_on_signals
 from .measure import FDS_PER_ROLLOUT_SANDBOX, cpus_line, ensure_limits, load_average, open_files_line
 from .out_dir import prepare_out_dir
@@ -28,7 +28,8 @@ from .sweep_report import comparison_lines, show_errors, table_head, table_line,
 
 METHOD = """\
 method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in its own bubblewrap sandbox, then submit);
-  the endpoint (a separate process) answers each call after {delay:g} s. rollouts = {waves} x concurrency.
+  the endpoint (an asyncio HTTP server in a separate process) answers each call {delay:g} s after it arrived.
+  rollouts = {waves} x concurrency.
   ideal = max(rollouts x calls x delay / concurrency, calls x delay); eff = ideal / makespan; makespan = wall time of
   the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
   fw CPU/turn = CPU time of the driver process (scheduler included) and of the worker processes, their own only
@@ -79,7 +80,10 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
          f"p95 {alone['p95_ms']:.0f} ms")
     rows: list[dict[str, Any]] = []
     echo(table_head())
-    with EndpointProcess(options.delay_s, options.turns, options.command) as endpoint:
+    # The asyncio endpoint the simulation uses, one process: a thread per connection (testing/scripted_llm.py, the
+    # bench's endpoint until 2026-12-07) added 30-40 ms to each call at 256 in flight and twice the CPU, which the
+    # rows put on the framework's side (docs/benchmarks.md, "Issue 40, 2026-12-07 (session 24)").
+    with EndpointPool(1, options.delay_s, options.turns, options.command) as endpoint:
         for concurrency in options.concurrency:
             rollouts = options.waves * concurrency
             for workers, rate in ((w, r) for w in options.workers for r in options.start_rates):
@@ -88,7 +92,7 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
                 name = f"ours-w{workers}-c{concurrency}" + (f"-r{rate:g}" if rate else "")
                 row = run_ours(endpoint.base_url, concurrency=concurrency, workers=workers, turns=options.turns,
                                delay_s=options.delay_s, rollouts=rollouts, out_dir=out / name,
-                               profile_dir=options.profile_dir, endpoint_pids=[endpoint.pid], start_rate=rate)
+                               profile_dir=options.profile_dir, endpoint_pids=endpoint.pids, start_rate=rate)
                 rows.append(row)
                 echo(table_line(row))
                 echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
@@ -120,7 +124,9 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
         echo(line)
     if endpoint_stats:
         echo(f"endpoint: {endpoint_stats.get('requests')} requests answered, {endpoint_stats.get('cpu_s', 0):.1f} s CPU "
-             "in its own process (not counted above)")
+             f"in its own process (not counted above); its replies left {_ms(endpoint_stats.get('late_mean_s'))} ms "
+             f"after their delay on average, {_ms(endpoint_stats.get('late_max_s'))} at worst (of the model calls' "
+             "wait past their delay, the endpoint's own part)")
     report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()},
               "header": header, "notes": notes, "rows": rows, "comparisons": comparisons, "targets": targets,
               "sandbox_start_alone": alone,
@@ -130,6 +136,10 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     if options.out_dir is None and not options.keep:
         shutil.rmtree(out, ignore_errors=True)
     return report
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{1000 * seconds:.1f}"
 
 
 def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
