@@ -190,3 +190,14 @@ def test_the_simulated_endpoint_spreads_over_loopback_addresses_past_the_ports_o
             with urllib.request.urlopen(request, timeout=10) as answer:
                 assert json.loads(answer.read())["choices"][0]["message"]["tool_calls"]
     assert endpoint.stats["requests"] == 2
+
+
+def test_endpoint_lag_times_both_stand_in_endpoints_with_one_client():
+    from uni_agent.bench.endpoint_lag import KINDS, measure
+
+    for kind in KINDS:
+        figures = measure(kind, in_flight=4, calls=3, delay_s=0.05)
+        assert figures["endpoint"] == kind and figures["calls"] == 4 * 3
+        # a reply never comes before its delay; the percentiles are in order
+        assert -1.0 < figures["late_p50_ms"] <= figures["late_p95_ms"] <= figures["late_max_ms"] < 1000
+        assert figures["endpoint_cpu_s"] > 0
