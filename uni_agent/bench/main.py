@@ -81,8 +81,8 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     echo(table_head())
     # The asyncio endpoint the simulation uses, one process: a thread per connection (testing/scripted_llm.py, the
-    # bench's endpoint until 2026-12-07) added 30-40 ms to each call at 256 in flight and twice the CPU, which the
-    # rows put on the framework's side (docs/benchmarks.md, "Issue 40, 2026-12-07 (session 24)").
+    # bench's endpoint until 2026-12-07) added up to tens of ms to each call at 256 in flight and twice the CPU
+    # (bench/endpoint_lag.py), which the rows put on the framework's side (docs/benchmarks.md, session 24).
     with EndpointPool(1, options.delay_s, options.turns, options.command) as endpoint:
         for concurrency in options.concurrency:
             rollouts = options.waves * concurrency
