@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import select
+import signal
 import threading
 import time
 import uuid
@@ -824,6 +825,27 @@ def test_sandboxes_closed_together_are_removed_on_the_one_removal_thread(repo: P
     assert len(threads) == 6 and most[0] == 1
     assert {name.startswith("uni-agent-removal") for name in threads} == {True}
     assert not [d for d in dirs if d is not None and d.exists()]
+
+
+def test_a_forked_child_removes_a_dir_on_a_removal_thread_of_its_own(tmp_path: Path) -> None:
+    """The removal thread is made per process: a child forked after the parent used it does not hand its removals to
+    an executor whose thread it never had (they would wait forever)."""
+    from uni_agent.sandbox import leftovers
+
+    (tmp_path / "parent" / "upper").mkdir(parents=True)
+    run(leftovers.remove_in_removal_thread(tmp_path / "parent"))  # the parent's removal thread now exists
+    (tmp_path / "child" / "upper").mkdir(parents=True)
+    pid = os.fork()
+    if pid == 0:  # the child: removes its dir, or is ended by the alarm
+        try:
+            signal.alarm(20)
+            run(leftovers.remove_in_removal_thread(tmp_path / "child"))
+            os._exit(0 if not (tmp_path / "child").exists() else 2)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert not (tmp_path / "parent").exists()
+    assert os.waitstatus_to_exitcode(status) == 0 and not (tmp_path / "child").exists()
 
 
 OWNER_SCRIPT = """

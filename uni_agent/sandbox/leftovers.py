@@ -27,8 +27,9 @@ _last_reap: dict[str, float] = {}
 # Removals go through one thread per process: concurrent ones (the default pool's threads, a wave's sandboxes
 # closing together) fight over the sandboxes root's lock and the interpreter's, and cost more CPU for no gain in
 # time (256 closed at once on the 2-core VM: 1.45-2.05 ms of the process's CPU per sandbox with the pool,
-# 0.76-0.96 with one thread, 0.44-0.57 s either way; `uni-agent bench --sandbox-only`'s wave figure).
-_removal_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="uni-agent-removal")
+# 0.76-0.96 with one thread, 0.44-0.57 s either way; `uni-agent bench --sandbox-only`'s wave figure). Made per
+# process: a forked child inherits an executor whose thread it does not have, and work given to it would wait forever.
+_removals: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 
 
 async def to_thread_kept(func, *args):
@@ -103,8 +104,11 @@ def reap_orphaned_sandboxes(root: Path) -> list[Path]:
 
 
 async def remove_in_removal_thread(path: str | os.PathLike[str]) -> None:
-    """remove_sandbox_dir on the process's removal thread (why one thread: _removal_thread)."""
-    await asyncio.get_running_loop().run_in_executor(_removal_thread, remove_sandbox_dir, path)
+    """remove_sandbox_dir on the process's removal thread (why one thread: _removals)."""
+    global _removals
+    if _removals is None or _removals[0] != os.getpid():
+        _removals = (os.getpid(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="uni-agent-removal"))
+    await asyncio.get_running_loop().run_in_executor(_removals[1], remove_sandbox_dir, path)
 
 
 def remove_sandbox_dir(path: str | os.PathLike[str]) -> None:
