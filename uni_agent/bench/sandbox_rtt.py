@@ -33,7 +33,6 @@ import atexit
 import contextlib
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -187,39 +186,36 @@ async def measure(backend: str, image: str | None, commands: int, sandboxes: int
     }
 
 
-def process_cpu_seconds() -> float:
-    """This process's own user+system CPU, all its threads (not its children)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+async def started_and_ran(config: Any, sandboxes: int, prefix: str, command: str, timeout: float,
+                          what: str) -> list[Any]:
+    """`sandboxes` sandboxes started at once, then each given `command` at once; all closed again if a step fails
+    (`what` names the command in the error)."""
+    boxes = [built(config, f"{prefix}{i}") for i in range(sandboxes)]
+    try:
+        await asyncio.gather(*(one.start() for one in boxes))
+        ran = await asyncio.gather(*(one.exec(command, timeout) for one in boxes))
+        failed = [result for result in ran if result.exit_code != 0]
+        if failed:
+            raise RuntimeError(f"{what} in a sandbox failed: {failed[0].output[-500:]}")
+    except BaseException:
+        await asyncio.gather(*(one.close() for one in boxes), return_exceptions=True)
+        raise
+    return boxes
 
 
 async def wave_cost(config: Any, sandboxes: int) -> tuple[float, float]:
     """(this process's CPU seconds per sandbox, wall seconds) for `sandboxes` started at once, given one command
-    each, closed at once."""
-    boxes = [built(config, f"wave{i}") for i in range(sandboxes)]
-    cpu0, wall0 = process_cpu_seconds(), time.monotonic()
-    try:
-        await asyncio.gather(*(one.start() for one in boxes))
-        ran = await asyncio.gather(*(one.exec("echo hello && ls", 60) for one in boxes))
-        if any(result.exit_code != 0 for result in ran):
-            raise RuntimeError(f"a command failed in a sandbox of the wave: {ran[0]}")
-    finally:
-        await asyncio.gather(*(one.close() for one in boxes), return_exceptions=True)
-    return (process_cpu_seconds() - cpu0) / sandboxes, time.monotonic() - wall0
+    each, closed at once. time.process_time: every thread of this process, none of its children."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    boxes = await started_and_ran(config, sandboxes, "wave", "echo hello && ls", 60, "`echo hello && ls`")
+    await asyncio.gather(*(one.close() for one in boxes))
+    return (time.process_time() - cpu0) / sandboxes, time.monotonic() - wall0
 
 
 async def close_after_writes(config: Any, sandboxes: int, mib: int) -> float:
     """Seconds to close `sandboxes` sandboxes at once, each having written `mib` MiB (left in the page cache)."""
-    boxes = [built(config, f"write{i}") for i in range(sandboxes)]
-    try:
-        await asyncio.gather(*(one.start() for one in boxes))
-        wrote = await asyncio.gather(*(one.exec(f"dd if=/dev/zero of=written bs=1M count={mib} status=none", 300)
-                                       for one in boxes))
-        if any(result.exit_code != 0 for result in wrote):
-            raise RuntimeError(f"writing {mib} MiB in a sandbox failed: {wrote[0].output[-500:]}")
-    except BaseException:
-        await asyncio.gather(*(one.close() for one in boxes), return_exceptions=True)
-        raise
+    boxes = await started_and_ran(config, sandboxes, "write", f"dd if=/dev/zero of=written bs=1M count={mib} "
+                                  "status=none", 300, f"writing {mib} MiB")
     started = time.monotonic()
     await asyncio.gather(*(one.close() for one in boxes))
     return time.monotonic() - started
