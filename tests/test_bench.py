@@ -6,6 +6,8 @@ No timing targets here (a timed test flakes on a shared machine); the targets ar
 import json
 import math
 
+import pytest
+
 from uni_agent.bench.cpu_split import ROLES, split_line
 from uni_agent.bench.endpoint import MINI_SUBMIT, BenchPolicy
 from uni_agent.bench.main import BenchOptions, run_bench
@@ -201,3 +203,19 @@ def test_endpoint_lag_times_both_stand_in_endpoints_with_one_client():
         # a reply never comes before its delay; the percentiles are in order
         assert -1.0 < figures["late_p50_ms"] <= figures["late_p95_ms"] <= figures["late_max_ms"] < 1000
         assert figures["endpoint_cpu_s"] > 0
+
+
+def test_a_baseline_pair_runs_both_trees_at_one_start_rate():
+    """--baseline with one --start-rate gives both trees' sweeps that rate (none at 0, which a tree from before the
+    rate runs too); two rates with --baseline are refused, naming the flag."""
+    import argparse
+
+    from uni_agent.bench.main import _dispatch, _sweep_args, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    paced = _sweep_args(parser.parse_args(["--baseline", "HEAD~1", "--start-rate", "200", "--concurrency", "8"]))
+    assert paced[-2:] == ["--start-rate", "200"]
+    assert "--start-rate" not in _sweep_args(parser.parse_args(["--baseline", "HEAD~1", "--start-rate", "0"]))
+    with pytest.raises(SystemExit, match="--start-rate with --baseline takes one rate"):
+        _dispatch(parser.parse_args(["--baseline", "HEAD~1", "--start-rate", "0,200"]))

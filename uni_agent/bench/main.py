@@ -252,9 +252,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    if args.baseline and any(args.start_rate or []):
-        raise SystemExit("uni-agent bench: --start-rate with --baseline: an earlier tree may have no start rate, and a "
-                         "pair must differ in one thing; compare rates in one invocation instead (--start-rate 0,R)")
+    if args.baseline and len(args.start_rate or []) > 1:
+        raise SystemExit("uni-agent bench: --start-rate with --baseline takes one rate: a pair must differ in one thing "
+                         "(the tree); compare rates in one invocation of one tree instead (--start-rate 0,R)")
     if args.image_starts:
         from .image_start import compare
 
@@ -406,4 +406,10 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
     options = options_from(args)
     return ["--concurrency", ",".join(map(str, options.concurrency)), "--workers", ",".join(map(str, options.workers)),
             "--turns", str(options.turns), "--delay-s", f"{options.delay_s:g}", "--waves", str(options.waves),
-            "--command", options.command]  # no --start-rate: an earlier tree has none (refused with --baseline)
+            "--command", options.command, *_rate_args(args)]
+
+
+def _rate_args(args: argparse.Namespace) -> list[str]:
+    """One --start-rate for both trees of a pair; none at 0, where a tree from before the rate (fc036fd) runs too."""
+    rate = (args.start_rate or [0.0])[0]
+    return ["--start-rate", f"{rate:g}"] if rate else []
