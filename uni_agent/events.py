@@ -9,6 +9,7 @@ event must not fail a rollout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -42,9 +43,31 @@ Emit = Callable[[dict[str, Any]], None]
 log = structlog.get_logger("uni_agent.events")
 
 
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def plain_value(value: Any) -> Any:
+    """`value` as a plain msgpack type: an enum as its string, a numpy scalar as its Python number, anything else
+    as its str. Events go to the scheduler without Dask's per-message check (uni_agent.driver.progress), so
+    nothing else may reach it (Dask's protocol would pickle it)."""
+    if type(value) in _PLAIN_TYPES:
+        return value
+    if isinstance(value, StrEnum):
+        return value.value
+    for plain in (bool, int, float, str):  # subclasses: numpy.float64 is a float
+        if isinstance(value, plain):
+            return plain(value)
+    item = getattr(value, "item", None)  # numpy.int64, numpy.bool_
+    if callable(item):
+        with contextlib.suppress(Exception):
+            if type(number := item()) in _PLAIN_TYPES:
+                return number
+    return str(value)
+
+
 def rollout_event(run_id: str, instance_id: str, rollout: int, state: RolloutState, **fields: Any) -> dict[str, Any]:
-    """One state change; every value a plain msgpack type (an enum goes as its string)."""
-    fields = {k: v.value if isinstance(v, StrEnum) else v for k, v in fields.items()}
+    """One state change; every value a plain msgpack type (plain_value)."""
+    fields = {k: plain_value(v) for k, v in fields.items()}
     return {"kind": "rollout", "run_id": run_id, "instance_id": instance_id, "rollout": rollout,
             "state": RolloutState(state).value, "t": time.time(), **fields}
 

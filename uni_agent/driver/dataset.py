@@ -65,6 +65,7 @@ def build_specs(
     specs: list[RolloutSpec] = []
     problems: list[RowProblem] = []
     seen: set[str] = set()
+    checked: set[int] = set()  # id() of agent configs whose reward passed: rows without tools_kwargs share one
     for index, row in enumerate(rows):
         instance_id = str(row.get("instance_id") or (row.get("extra_info") or {}).get("instance_id") or f"row-{index}")
         where = f"{source} row {index} (instance_id={instance_id})"
@@ -85,7 +86,9 @@ def build_specs(
             if not isinstance(agent_name, str):
                 raise ConfigError(f"{where}: agent_name must be a string")
             agent = agents.for_row(agent_name, tools_kwargs, where)
-            check_reward_config(agent, where)
+            if id(agent) not in checked:  # (each id a config the specs keep alive: never one reused)
+                check_reward_config(agent, where)
+                checked.add(id(agent))
         except ConfigError as exc:
             problems.append(RowProblem(index, instance_id, str(exc)))
             continue

@@ -225,12 +225,17 @@ def _write_configs(output_dir: Path, specs: list[Any], session: int) -> dict[str
     """Every row's merged agent config, one JSON line per instance, in configs.jsonl (a resumed session whose configs
     differ writes configs.session-N.jsonl instead); returns the file, the count and the sha256 of its text."""
     lines, seen = [], set()
+    dumped: dict[int, str] = {}  # id(agent config) -> its JSON: rows without tools_kwargs share one config object
     for spec in specs:
         if spec.instance_id in seen:  # the n rollouts of a row share its config
             continue
         seen.add(spec.instance_id)
-        config = spec.agent.model_dump(mode="json", by_alias=True)
-        lines.append(json.dumps({"instance_id": spec.instance_id, "agent": config}, sort_keys=True))
+        config = dumped.get(id(spec.agent))
+        if config is None:
+            config = dumped[id(spec.agent)] = json.dumps(spec.agent.model_dump(mode="json", by_alias=True),
+                                                         sort_keys=True)
+        # what json.dumps({"instance_id": ..., "agent": config}, sort_keys=True) writes, the config dumped once
+        lines.append(f'{{"agent": {config}, "instance_id": {json.dumps(spec.instance_id)}}}')
     text = "\n".join(lines) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()
     path = output_dir / "configs.jsonl"
