@@ -302,7 +302,7 @@ def simulate(args: argparse.Namespace) -> int:
 
         echo(f"before: {args.baseline}")
         with baseline.worktree(args.baseline) as tree:
-            old = dataclasses.replace(options, extra_env={"PYTHONPATH": baseline._env(tree)["PYTHONPATH"]}, cwd=tree,
+            old = dataclasses.replace(options, extra_env={"PYTHONPATH": baseline.tree_env(tree)["PYTHONPATH"]}, cwd=tree,
                                       out_dir=options.out_dir / "before" if options.out_dir else None, faults=False,
                                       faults_only=False, port_fill=baseline.port_fill(tree))
             before = run_simulation(old, echo=echo)
