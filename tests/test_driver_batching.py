@@ -43,11 +43,46 @@ def test_finished_rollouts_reach_the_scheduler_in_a_few_messages():
 
     logged = asyncio.run(main())
     assert len(logged) == 3
-    sent = [e for _, msg in logged for e in unbatch(msg)]
-    assert [e["state"] for e in sent] == ["done"] * 1500 + ["verifying"]
+    sent = [e for _, msg in logged for e in unbatch(msg)]  # the first two messages travel together: either order
+    assert sorted(e["state"] for e in sent) == ["done"] * 1500 + ["verifying"] and sent[-1]["state"] == "verifying"
     # only the trajectories the page keeps (PAGE_TRAJECTORIES, the latest) travel; the others are marked evicted
-    assert [("messages" in e, e.get("trajectory")) for e in sent[:1500]] == \
-        [(False, "evicted")] * (1500 - PAGE_TRAJECTORIES) + [(True, None)] * PAGE_TRAJECTORIES
+    kept = {e["instance_id"] for e in sent if "messages" in e}
+    assert kept == {f"t{i}" for i in range(1500 - PAGE_TRAJECTORIES, 1500)}
+    assert all(e.get("trajectory") == "evicted" for e in sent if e["state"] == "done" and e["instance_id"] not in kept)
+
+
+def test_a_burst_goes_out_in_a_few_messages_on_their_way_at_once():
+    """While the scheduler folds one message the driver packs and sends the next: at most SENDS_IN_FLIGHT at once,
+    every event sent once."""
+    from uni_agent.driver.progress import SENDS_IN_FLIGHT
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.in_flight = self.most = 0
+            self.events: list[dict] = []
+
+        async def log_event(self, topic: str, msg: dict) -> None:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await asyncio.sleep(0.05)
+            self.events.extend(unbatch(msg))
+            self.in_flight -= 1
+
+    class StandIn:  # a Client as RolloutEvents uses it: its scheduler's log_event call
+        scheduler = Scheduler()
+
+    client = StandIn()
+
+    async def main() -> int:
+        events = RolloutEvents(client, flush_s=3600)  # type: ignore[arg-type]
+        for i in range(PER_MESSAGE * 5 + 7):
+            events.state(_Spec(i), "running", turn=1)
+        await events.close()
+        return events.sent_messages
+
+    assert asyncio.run(main()) == 6
+    assert client.scheduler.most == SENDS_IN_FLIGHT
+    assert sorted(int(e["instance_id"][1:]) for e in client.scheduler.events) == list(range(PER_MESSAGE * 5 + 7))
 
 
 def test_a_message_holds_at_most_its_share_of_trajectory_text():

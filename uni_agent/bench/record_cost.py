@@ -6,8 +6,10 @@ is the record tail (issue 40). This measures that path alone, with the driver's 
 as the tree's agent worker `collect` returns it (a list of `Finished`, or a `Batch` of them where the tree has one)
 and serialized into frames by Dask's protocol as an actor's reply is, then the driver's side is timed per row: the
 reply deserialized, the row added to a real ResultStore (Parquet part
-files in a temporary dir, flushed as a run flushes), the page's fields (`final_fields`), the event batch packed with
-msgpack (what `log_event` sends to the scheduler) and the `rollout_recorded` log line (structlog, to a file).
+files in a temporary dir, flushed as a run flushes), the page's fields (`final_fields`), the events sent (the tree's
+own RolloutEvents.flush through a stand-in client: distributed's Client.log_event where the tree calls it, and the
+scheduler call's message serialized by Dask's protocol as its comm does; no network, no scheduler) and the
+`rollout_recorded` log line (structlog, to a file).
 
 It uses only APIs that older trees have too, so `uni-agent bench --record-only --baseline REF` runs it with REF's
 `uni_agent` and with this tree's, in one invocation. Run as a script it prints one JSON object:
@@ -17,6 +19,8 @@ It uses only APIs that older trees have too, so `uni-agent bench --record-only -
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import tempfile
 import time
@@ -101,15 +105,37 @@ def handout_us_per_spec(rows: int, batch: int) -> float:
     return (time.process_time() - started) / rows * 1e6
 
 
+class _SchedulerCall:
+    """`client.scheduler`: its log_event call serializes the message as Dask's comm does before writing it."""
+
+    async def log_event(self, topic: Any, msg: Any) -> None:
+        from distributed.protocol import dumps
+
+        dumps({"op": "log_event", "topic": topic, "msg": msg, "reply": True})
+
+
+class _ClientStandIn:
+    """What RolloutEvents sends through: distributed's own Client.log_event (bound to this object, so its check of
+    the message runs wherever a tree calls it) over _SchedulerCall."""
+
+    def __init__(self) -> None:
+        from distributed import Client
+
+        self.scheduler = _SchedulerCall()
+        self.log_event = functools.partial(Client.log_event, self)
+
+    def sync(self, call: Any, *args: Any, **kwargs: Any) -> Any:  # an asynchronous Client's sync: the coroutine
+        return call(*args, **kwargs)
+
+
 def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any]:
     """The figures; the rows go to `out_dir` (kept) or a temporary dir (removed)."""
-    import msgpack
     import structlog
     from distributed.protocol import loads
 
-    from uni_agent.driver.progress import final_fields
+    from uni_agent.driver.progress import RolloutEvents, final_fields
     from uni_agent.driver.results import ResultStore
-    from uni_agent.events import batch_event, rollout_event
+    from uni_agent.events import rollout_event
     from uni_agent.logs import configure_logging
 
     replies = _replies(rows, batch)
@@ -118,7 +144,9 @@ def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any
         configure_logging(tmp / "logs", "driver")
         log = structlog.get_logger("uni_agent.driver")
         store = ResultStore(tmp / "out", flush_every=16, flush_s=1.0)
-        parts: dict[str, float] = dict.fromkeys(("reply", "row", "page_fields", "event_pack", "log_line"), 0.0)
+        parts: dict[str, float] = dict.fromkeys(("reply", "row", "page_fields", "event_send", "log_line"), 0.0)
+        sender = RolloutEvents(_ClientStandIn())  # type: ignore[arg-type]
+        loop = asyncio.new_event_loop()
         started = time.process_time()
         for reply in replies:
             t = time.process_time()
@@ -141,10 +169,14 @@ def measure(rows: int, batch: int, out_dir: Path | None = None) -> dict[str, Any
                 parts["page_fields"] += t2 - t1
                 parts["log_line"] += t3 - t2
             t = time.process_time()
-            msgpack.packb(batch_event(events))
-            parts["event_pack"] += time.process_time() - t
+            sender.outbox.extend(events)
+            loop.run_until_complete(sender.flush())
+            parts["event_send"] += time.process_time() - t
         store.finish()
         total = time.process_time() - started
+        loop.close()
+        if sender.sent_messages == 0:
+            raise RuntimeError("no event message was sent: the measurement did not reach the send")
         written = sum(1 for _ in (tmp / "out" / "results").glob("part-*.parquet"))
     return {"rows": rows, "batch": batch, "us_per_row": total / rows * 1e6, "part_files": written,
             "handout_us_per_spec": handout_us_per_spec(rows, batch),

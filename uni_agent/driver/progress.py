@@ -19,6 +19,10 @@ log = structlog.get_logger("uni_agent.driver")
 PER_MESSAGE = 1000  # events in one message to the scheduler (one round trip each)
 MESSAGE_CHARS = 8_000_000  # trajectory text in one message: 40 full-size trajectories (MAX_TRAJECTORY_CHARS)
 FLUSH_S = 0.2  # how long an event may wait in the driver's outbox
+# Messages on their way at once: while the scheduler folds one, the driver packs the next (one at a time, a wave's end
+# waited for the sum of both). They may arrive out of order: the page's fold orders each rollout's events by their
+# own time (uni_agent.dashboard.state).
+SENDS_IN_FLIGHT = 3
 
 
 def run_phase(phase: str, **fields: Any) -> None:
@@ -111,18 +115,24 @@ class RolloutEvents:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send everything in the outbox now, in as few messages as the limits allow; of the finished rollouts in it,
-        only the trajectories the page will keep (events.trim_trajectories)."""
+        """Send everything in the outbox now, in as few messages as the limits allow, SENDS_IN_FLIGHT at a time; of
+        the finished rollouts in it, only the trajectories the page will keep (events.trim_trajectories)."""
         while self.outbox:
             pending, self.outbox = self.outbox, []  # what arrives while these are sent goes in the next pass
             trim_trajectories(pending)
+            sending: set[asyncio.Future[None]] = set()
             try:
                 while pending:
+                    if len(sending) >= SENDS_IN_FLIGHT:
+                        _, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
                     take = message_size(pending)
                     batch, pending = pending[:take], pending[take:]
-                    await self._send(batch_event(batch))
+                    sending.add(asyncio.ensure_future(self._send(batch_event(batch))))
+                if sending:
+                    await asyncio.wait(sending)
             finally:
                 self.outbox[:0] = pending  # not sent (the send loop cancelled by close): first for close's flush
+                # (a message already on its way finishes by itself: cancelled halfway it could arrive or not)
 
     async def close(self) -> None:
         if self._sender is not None:
