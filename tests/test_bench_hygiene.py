@@ -86,3 +86,16 @@ def test_record_counts_read_the_part_files_as_they_are(tmp_path):
     part("part-1.parquet", [("a", 1), ("b", 0)])
     assert record_counts(tmp_path, rollouts=5) == {"recorded": 4, "duplicates": 1, "lost": 2}
     assert record_counts(tmp_path / "none", rollouts=3) == {"recorded": 0, "duplicates": 0, "lost": 3}
+
+
+def test_a_simulation_pair_runs_both_trees(tmp_path):
+    """`--simulate --baseline DIR`: the earlier tree's simulation, then this tree's, and the line comparing them
+    (the pair once failed at once on a renamed helper, and nothing ran it)."""
+    from uni_agent.settings import REPO_ROOT
+
+    done = subprocess.run([UNI_AGENT, "bench", "--simulate", "--in-flight", "8", "--workers", "1", "--delay-s", "0.2",
+                           "--turns", "1", "--baseline", str(REPO_ROOT), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "-> now, same invocation, same machine" in done.stdout, done.stdout
+    assert done.stdout.count("0 lost, 0 duplicate keys") == 2, done.stdout

@@ -302,7 +302,8 @@ def simulate(args: argparse.Namespace) -> int:
 
         echo(f"before: {args.baseline}")
         with baseline.worktree(args.baseline) as tree:
-            old = dataclasses.replace(options, extra_env={"PYTHONPATH": baseline.tree_env(tree)["PYTHONPATH"]}, cwd=tree,
+            path = baseline.tree_env(tree)["PYTHONPATH"]
+            old = dataclasses.replace(options, extra_env={"PYTHONPATH": path}, cwd=tree,
                                       out_dir=options.out_dir / "before" if options.out_dir else None, faults=False,
                                       faults_only=False, port_fill=baseline.port_fill(tree))
             before = run_simulation(old, echo=echo)
