@@ -7,7 +7,9 @@ test adds), from the user's home; Python runs from this interpreter (the project
 must be readable by everyone, as a site install is; where a directory above them lets no one else through (a CI
 checkout under a 0700 directory), others are given traverse permission (o+x, not listing) on it for the session and
 the mode is put back at exit. Users this module created are removed again by `remove_users` (their processes,
-found by uid, killed first), those that existed before are left alone.
+found by uid, killed first), those that existed before are left alone, but for one this module made in a test run
+that has ended without removing it (killed halfway): its home's CREATOR_FILE names a process that is gone, and it is
+removed and made afresh rather than handing the next run the last one's files.
 
     users = ensure_users(["ua-test-a", "ua-test-b"])        # pytest.skip where that cannot be done
     done = run_python_as(users[0], "import os; print(os.getuid())")
@@ -35,6 +37,7 @@ import pytest
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 _created: list[str] = []  # by this process, so removed by it
+CREATOR_FILE = ".uni-agent-test-user"  # in a user's home: the pid of the test process that made the user
 _opened: dict[Path, int] = {}  # directories given o+x for this session: their modes before
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,6 +68,9 @@ def ensure_user(name: str, *, subordinate_ids: bool = True) -> User:
     existing = None
     with contextlib.suppress(KeyError):
         existing = _user(pwd.getpwnam(name))
+    if existing is not None and name not in _created and _left_by_an_ended_run(existing):
+        _remove(existing)
+        existing = None
     if existing is None:
         existing = _create(name, subordinate_ids)
     _open_the_way()
@@ -89,7 +95,25 @@ def _create(name: str, subordinate_ids: bool) -> User:
         if done.returncode != 0:
             pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
         _created.append(name)
-    return _user(pwd.getpwnam(name))
+        user = _user(pwd.getpwnam(name))
+        (user.home / CREATOR_FILE).write_text(f"{os.getpid()}\n")
+    return user
+
+
+def _left_by_an_ended_run(user: User) -> bool:
+    """Whether this module made `user` in a process that has ended (its CREATOR_FILE names a pid no longer running).
+    A user without the file, made by someone else, is never taken for one."""
+    try:
+        creator = int((user.home / CREATOR_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(creator, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _open_the_way() -> None:
@@ -176,12 +200,15 @@ def remove_users(names: Iterable[str] | None = None) -> None:
         if name not in _created:
             continue
         with contextlib.suppress(KeyError):
-            kill_processes_of(_user(pwd.getpwnam(name)))
-        with contextlib.suppress(KeyError):
-            uid = pwd.getpwnam(name).pw_uid
-            shutil.rmtree(Path(tempfile.gettempdir()) / f"uni-agent-{uid}", ignore_errors=True)  # its sandbox root
-        subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
+            _remove(_user(pwd.getpwnam(name)))
         _created.remove(name)
+
+
+def _remove(user: User) -> None:
+    """The user, its processes, home, default sandbox root and subordinate ids."""
+    kill_processes_of(user)
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"uni-agent-{user.uid}", ignore_errors=True)  # its sandbox root
+    subprocess.run(["userdel", "--remove", user.name], capture_output=True, timeout=60)
 
 
 def shared_dir(prefix: str) -> Path:
