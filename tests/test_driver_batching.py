@@ -85,6 +85,35 @@ def test_a_burst_goes_out_in_a_few_messages_on_their_way_at_once():
     assert sorted(int(e["instance_id"][1:]) for e in client.scheduler.events) == list(range(PER_MESSAGE * 5 + 7))
 
 
+def test_close_waits_for_the_messages_the_send_loop_had_on_their_way():
+    """The run's end (close) cancels the send loop mid-burst: what it had on its way still arrives before close
+    returns (the client closes right after), and what it had not sent yet goes with close's own flush."""
+    class Scheduler:
+        def __init__(self) -> None:
+            self.events: list[dict] = []
+
+        async def log_event(self, topic: str, msg: dict) -> None:
+            await asyncio.sleep(0.2)
+            self.events.extend(unbatch(msg))
+
+    class StandIn:
+        scheduler = Scheduler()
+
+    client = StandIn()
+    from uni_agent.driver.progress import SENDS_IN_FLIGHT
+
+    async def main() -> int:
+        events = RolloutEvents(client, flush_s=0.01)  # type: ignore[arg-type]
+        for i in range(PER_MESSAGE * SENDS_IN_FLIGHT):
+            events.state(_Spec(i), "running", turn=1)
+        await asyncio.sleep(0.1)  # the send loop has every message on its way, none arrived
+        assert not events.outbox and not client.scheduler.events
+        await events.close()
+        return len(client.scheduler.events)
+
+    assert asyncio.run(main()) == PER_MESSAGE * SENDS_IN_FLIGHT
+
+
 def test_a_message_holds_at_most_its_share_of_trajectory_text():
     big = {"messages": "x" * (MESSAGE_CHARS // 3)}
     assert message_size([big] * 10) == 3  # a fourth would pass MESSAGE_CHARS

@@ -84,6 +84,7 @@ class RolloutEvents:
         self.sent_messages = 0
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
+        self._on_their_way: set[asyncio.Future[None]] = set()  # messages being sent, whichever flush sent them
 
     async def queued(self, todo: list[RolloutSpec]) -> None:
         """Sent before any rollout starts (a worker's `starting_sandbox` must not arrive before its `queued`)."""
@@ -127,12 +128,16 @@ class RolloutEvents:
                         _, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
                     take = message_size(pending)
                     batch, pending = pending[:take], pending[take:]
-                    sending.add(asyncio.ensure_future(self._send(batch_event(batch))))
+                    message = asyncio.ensure_future(self._send(batch_event(batch)))
+                    message.add_done_callback(self._on_their_way.discard)
+                    self._on_their_way.add(message)
+                    sending.add(message)
                 if sending:
                     await asyncio.wait(sending)
             finally:
                 self.outbox[:0] = pending  # not sent (the send loop cancelled by close): first for close's flush
-                # (a message already on its way finishes by itself: cancelled halfway it could arrive or not)
+                # (a message already on its way goes on by itself, and close waits for it: cancelled halfway, it
+                # could arrive or not)
 
     async def close(self) -> None:
         if self._sender is not None:
@@ -141,6 +146,8 @@ class RolloutEvents:
                 await self._sender
             self._sender = None
         await self.flush()
+        if self._on_their_way:  # sent by the send loop just cancelled
+            await asyncio.wait(set(self._on_their_way))
 
     async def _send(self, event: Any) -> None:
         try:
