@@ -152,9 +152,9 @@ class RolloutEvents:
     async def _send(self, event: Any) -> None:
         try:
             # The scheduler's `log_event` call itself, not Client.log_event: that first walks the whole message in
-            # Python to check msgpack can take it (distributed's _is_dumpable), ~10 us a finished rollout's event and
-            # most of the driver's CPU for sending them, on its loop while a wave's rows arrive. Every event is made
-            # of plain msgpack types where it is built (uni_agent.events); one that is not fails this call (logged).
+            # Python to check msgpack can take it (distributed's _is_dumpable), ~2-3 us of the driver's CPU a
+            # finished rollout's event (6.3 -> 4.0 us sent, `bench --record-only`), on its loop while a wave's rows
+            # arrive. Every event is made of plain msgpack values where it is built (events.plain_value).
             await self.client.scheduler.log_event(topic=TOPIC, msg=event)
             self.sent_messages += 1
         except Exception as exc:  # the dashboard is not worth a rollout
