@@ -5,6 +5,7 @@ scheduler a burst at a time, never one round trip per rollout, and a burst of re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from distributed import Client, LocalCluster
@@ -159,7 +160,7 @@ def test_rows_held_back_reach_disk_about_flush_s_later(tmp_path):
 
 def test_events_go_to_the_scheduler_without_the_clients_checking_walk(monkeypatch):
     """RolloutEvents calls the scheduler's `log_event` itself: Client.log_event first walks the whole message in
-    Python (~10 us a finished rollout's event on the driver's loop). Events still arrive, in order, and as plain
+    Python (2-3 us a finished rollout's event on the driver's loop). Events still arrive, in order, and as plain
     msgpack values whatever a caller passed (a numpy number, an object): nothing reaches the scheduler pickled."""
     import numpy as np
 
@@ -189,3 +190,38 @@ def test_events_go_to_the_scheduler_without_the_clients_checking_walk(monkeypatc
     assert (type(running["turn"]), type(running["share"]), type(running["ok"]), type(running["odd"])) == (
         int, float, bool, str) and running["odd"].startswith("<object object")
     assert sent_messages == 2
+
+
+def test_a_runs_rollouts_begin_a_slice_at_a_time_and_a_cancel_leaves_none_running():
+    """At a run's start the dispatcher makes its rollouts' tasks START_SLICE at a time: what the first rollout
+    schedules (its hand-out) runs after the first slice began, not after every rollout of the run did. Cancelled
+    while making them, it leaves no task behind."""
+    from uni_agent.driver.dispatch import START_SLICE, Dispatcher
+
+    dispatcher = Dispatcher.__new__(Dispatcher)  # only run_one is used here
+    began: list[int] = []
+    handed_out_after: list[int] = []
+
+    async def run_one(spec: int) -> None:
+        began.append(spec)
+        if spec == 0:  # the loop's next turn, as the mailbox's send waits for
+            asyncio.get_running_loop().call_soon(lambda: handed_out_after.append(len(began)))
+        await asyncio.sleep(0.01)
+
+    dispatcher.run_one = run_one  # type: ignore[method-assign]
+    asyncio.run(dispatcher._run_all(list(range(5 * START_SLICE))))
+    assert sorted(began) == list(range(5 * START_SLICE))
+    assert handed_out_after == [START_SLICE]  # all 5,000 when made at once
+
+    async def cancelled() -> list[asyncio.Task]:
+        began.clear()
+        run = asyncio.ensure_future(dispatcher._run_all(list(range(5 * START_SLICE))))
+        while len(began) < START_SLICE:
+            await asyncio.sleep(0)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(cancelled()) == [] and len(began) < 5 * START_SLICE
