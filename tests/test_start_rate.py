@@ -33,9 +33,10 @@ async def _start_times(pacer: StartPacer, starts: int) -> list[float]:
 def test_starts_asked_together_go_one_interval_apart():
     times = asyncio.run(_start_times(StartPacer(50.0), 8))  # 20 ms apart
     assert times[0] < 0.015, times  # the first at once
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert min(gaps) >= 0.019, gaps  # asyncio's timers may fire up to a clock tick early; never a whole interval
-    assert times[-1] >= 7 * 0.02 - 0.005, times
+    # Each start no earlier than its slot, i intervals after the first (asyncio's timers may fire up to a clock tick
+    # early; never a whole interval). Not the gaps between starts: one woken late (a loaded machine) and the next on
+    # time are less than an interval apart, and both kept their slots.
+    assert all(t >= i * 0.02 - 0.002 for i, t in enumerate(times)), times
 
 
 def test_a_start_after_a_quiet_spell_goes_at_once_and_rate_0_never_waits():
