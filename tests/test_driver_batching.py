@@ -10,7 +10,7 @@ import logging
 
 from distributed import Client, LocalCluster
 
-from uni_agent.driver.progress import MESSAGE_CHARS, PER_MESSAGE, RolloutEvents, message_size
+from uni_agent.driver.progress import MESSAGE_CHARS, PER_MESSAGE, SENDS_IN_FLIGHT, RolloutEvents, message_size
 from uni_agent.driver.results import ResultStore
 from uni_agent.episode.rollout import RolloutResult
 from uni_agent.events import PAGE_TRAJECTORIES, TOPIC, unbatch
@@ -52,27 +52,28 @@ def test_finished_rollouts_reach_the_scheduler_in_a_few_messages():
     assert all(e.get("trajectory") == "evicted" for e in sent if e["state"] == "done" and e["instance_id"] not in kept)
 
 
+class _SlowScheduler:
+    """A Client as RolloutEvents uses it (its scheduler's log_event call), each message taking `delay_s` to arrive;
+    it counts the messages on their way at once."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.scheduler = self
+        self.delay_s = delay_s
+        self.in_flight = self.most = 0
+        self.events: list[dict] = []
+
+    async def log_event(self, topic: str, msg: dict) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(self.delay_s)
+        self.events.extend(unbatch(msg))
+        self.in_flight -= 1
+
+
 def test_a_burst_goes_out_in_a_few_messages_on_their_way_at_once():
     """While the scheduler folds one message the driver packs and sends the next: at most SENDS_IN_FLIGHT at once,
     every event sent once."""
-    from uni_agent.driver.progress import SENDS_IN_FLIGHT
-
-    class Scheduler:
-        def __init__(self) -> None:
-            self.in_flight = self.most = 0
-            self.events: list[dict] = []
-
-        async def log_event(self, topic: str, msg: dict) -> None:
-            self.in_flight += 1
-            self.most = max(self.most, self.in_flight)
-            await asyncio.sleep(0.05)
-            self.events.extend(unbatch(msg))
-            self.in_flight -= 1
-
-    class StandIn:  # a Client as RolloutEvents uses it: its scheduler's log_event call
-        scheduler = Scheduler()
-
-    client = StandIn()
+    client = _SlowScheduler(0.05)
 
     async def main() -> int:
         events = RolloutEvents(client, flush_s=3600)  # type: ignore[arg-type]
@@ -82,35 +83,23 @@ def test_a_burst_goes_out_in_a_few_messages_on_their_way_at_once():
         return events.sent_messages
 
     assert asyncio.run(main()) == 6
-    assert client.scheduler.most == SENDS_IN_FLIGHT
-    assert sorted(int(e["instance_id"][1:]) for e in client.scheduler.events) == list(range(PER_MESSAGE * 5 + 7))
+    assert client.most == SENDS_IN_FLIGHT
+    assert sorted(int(e["instance_id"][1:]) for e in client.events) == list(range(PER_MESSAGE * 5 + 7))
 
 
 def test_close_waits_for_the_messages_the_send_loop_had_on_their_way():
     """The run's end (close) cancels the send loop mid-burst: what it had on its way still arrives before close
     returns (the client closes right after), and what it had not sent yet goes with close's own flush."""
-    class Scheduler:
-        def __init__(self) -> None:
-            self.events: list[dict] = []
-
-        async def log_event(self, topic: str, msg: dict) -> None:
-            await asyncio.sleep(0.2)
-            self.events.extend(unbatch(msg))
-
-    class StandIn:
-        scheduler = Scheduler()
-
-    client = StandIn()
-    from uni_agent.driver.progress import SENDS_IN_FLIGHT
+    client = _SlowScheduler(0.2)
 
     async def main() -> int:
         events = RolloutEvents(client, flush_s=0.01)  # type: ignore[arg-type]
         for i in range(PER_MESSAGE * SENDS_IN_FLIGHT):
             events.state(_Spec(i), "running", turn=1)
         await asyncio.sleep(0.1)  # the send loop has every message on its way, none arrived
-        assert not events.outbox and not client.scheduler.events
+        assert not events.outbox and not client.events
         await events.close()
-        return len(client.scheduler.events)
+        return len(client.events)
 
     assert asyncio.run(main()) == PER_MESSAGE * SENDS_IN_FLIGHT
 

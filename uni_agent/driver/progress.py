@@ -116,28 +116,26 @@ class RolloutEvents:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send everything in the outbox now, in as few messages as the limits allow, SENDS_IN_FLIGHT at a time; of
-        the finished rollouts in it, only the trajectories the page will keep (events.trim_trajectories)."""
+        """Send everything in the outbox now, in as few messages as the limits allow, at most SENDS_IN_FLIGHT on their
+        way at once; of the finished rollouts in it, only the trajectories the page will keep
+        (events.trim_trajectories). Returns once every message on its way, whichever flush sent it, has arrived."""
         while self.outbox:
             pending, self.outbox = self.outbox, []  # what arrives while these are sent goes in the next pass
             trim_trajectories(pending)
-            sending: set[asyncio.Future[None]] = set()
             try:
                 while pending:
-                    if len(sending) >= SENDS_IN_FLIGHT:
-                        _, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+                    while len(self._on_their_way) >= SENDS_IN_FLIGHT:
+                        await asyncio.wait(set(self._on_their_way), return_when=asyncio.FIRST_COMPLETED)
                     take = message_size(pending)
                     batch, pending = pending[:take], pending[take:]
                     message = asyncio.ensure_future(self._send(batch_event(batch)))
                     message.add_done_callback(self._on_their_way.discard)
                     self._on_their_way.add(message)
-                    sending.add(message)
-                if sending:
-                    await asyncio.wait(sending)
             finally:
                 self.outbox[:0] = pending  # not sent (the send loop cancelled by close): first for close's flush
-                # (a message already on its way goes on by itself, and close waits for it: cancelled halfway, it
-                # could arrive or not)
+                # (a message already on its way goes on by itself: cancelled halfway, it could arrive or not)
+        if self._on_their_way:  # close's flush: also those the send loop it cancelled had sent
+            await asyncio.wait(set(self._on_their_way))
 
     async def close(self) -> None:
         if self._sender is not None:
@@ -146,8 +144,6 @@ class RolloutEvents:
                 await self._sender
             self._sender = None
         await self.flush()
-        if self._on_their_way:  # sent by the send loop just cancelled
-            await asyncio.wait(set(self._on_their_way))
 
     async def _send(self, event: Any) -> None:
         try:
