@@ -357,3 +357,17 @@ def test_preload_installs_the_page_with_the_scheduler():
 
     status, _, body = asyncio.run(scenario())
     assert status == 200 and json.loads(body)["found"] is False
+
+
+def test_a_queued_event_overtaken_by_the_workers_first_event_adds_what_it_knows():
+    """The driver sends the run's queued events while its rollouts start: a worker's starting_sandbox may be folded
+    first. The late queued moves nothing back; it gives the rollout its queued time and max_turns."""
+    queued, starting = lifecycle()[:2]
+    state = fold([starting])
+    assert state.rollout_detail("run-1", "a", 0)["max_turns"] is None
+    assert state.apply(queued)
+    assert state.snapshot()["counts"]["starting_sandbox"] == 1 and state.snapshot()["counts"]["queued"] == 0
+    detail = state.rollout_detail("run-1", "a", 0)
+    assert detail["state"] == "starting_sandbox" and detail["max_turns"] == 5 and detail["first_t"] == queued["t"]
+    assert [h[0] for h in detail["history"]] == ["queued", "starting_sandbox"]
+    assert not state.apply(queued)  # once

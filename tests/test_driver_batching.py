@@ -214,3 +214,30 @@ def test_a_runs_rollouts_begin_a_slice_at_a_time_and_a_cancel_leaves_none_runnin
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
     assert asyncio.run(cancelled()) == [] and len(began) < 5 * START_SLICE
+
+
+def test_the_last_events_travel_while_the_agent_workers_close():
+    """At a session's end the dispatcher closes its events and its pool's actors together: the actors' close begins
+    while the last messages are still on their way (one after the other they cost both waits), and close returns
+    once both ended, every event delivered."""
+    from uni_agent.driver.dispatch import Dispatcher
+
+    client = _SlowScheduler(0.3)
+    seen_at_pool_close: list[int] = []
+
+    class _Pool:
+        async def close(self) -> None:
+            seen_at_pool_close.append(len(client.events))
+            await asyncio.sleep(0.3)
+
+    async def main() -> int:
+        dispatcher = Dispatcher.__new__(Dispatcher)  # only close is used here
+        dispatcher.pool = _Pool()
+        dispatcher.events = RolloutEvents(client, flush_s=3600)  # type: ignore[arg-type]
+        for i in range(PER_MESSAGE * 2):
+            dispatcher.events.state(_Spec(i), "done")
+        await dispatcher.close()
+        return len(client.events)
+
+    assert asyncio.run(main()) == PER_MESSAGE * 2
+    assert seen_at_pool_close == [0]  # none of the events had arrived when the actors' close began

@@ -78,8 +78,9 @@ def test_tiny_simulation_records_every_rollout_once(tmp_path):
         # the rollouts are queued as soon as the agent workers started, while the engines start: those two race
         assert names[:4] == ["inputs_loaded", "results_read", "connected", "agent_workers_started"], names
         assert sorted(names[4:6]) == ["engines_ready", "queued"], names
-        assert names[6:] == ["rollouts_finished", "events_sent", "agent_workers_closed", "engines_stopped",
-                             "session_closed", "summary_written"], names
+        # the last events travel while the agent workers close: those two race as well
+        assert names[6] == "rollouts_finished" and sorted(names[7:9]) == ["agent_workers_closed", "events_sent"]
+        assert names[9:] == ["engines_stopped", "session_closed", "summary_written"], names
         assert 0 < phases["queued"] <= row["first_started_s"] + 0.5 and phases["rollouts_finished"] < row["wall_s"]
     assert any(line.startswith("growth from 8 to 16 rollouts") for line in lines)
     assert any("0 lost, 0 duplicate keys" in line for line in lines)

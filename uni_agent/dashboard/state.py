@@ -9,7 +9,8 @@ Events reach the scheduler by two paths (the driver's client and the worker runn
 arrive out of order: a rollout's last `running` event may land after the driver's `verifying`. The fold keeps each
 rollout's state moving forward (queued → starting_sandbox → running → verifying → done | failed), accepts a step
 backwards only when it is newer by its own timestamp (a retried rollout starts its sandbox again; a restarted driver
-queues it again), drops exact duplicates, and treats done/failed as final.
+queues it again), drops exact duplicates, and treats done/failed as final. A `queued` older than everything known of
+its rollout (the driver sends them while the rollouts start) adds its time and max_turns, and moves nothing.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class DashboardState:
         if r is None:
             r = run.rollouts[key] = Rollout(run_id, key[0], key[1], state="", t=t, first_t=t)
         elif not _accepts(r, state, t, msg):
+            if state == "queued" and t < r.first_t:  # the driver's queued, overtaken by the worker's first events
+                self._queued_late(run, r, t, msg)
+                return True
             self.totals.ignored += 1
             return False
         self._transition(run, r, state, t, msg)
@@ -122,6 +126,15 @@ class DashboardState:
                 run.worker(worker).turns += 1
         elif state in TERMINAL:
             self._finish(run, r, state, t, msg)
+
+    def _queued_late(self, run: RunState, r: Rollout, t: float, msg: dict[str, Any]) -> None:
+        """Not a step back: what the rollout's queued event adds (its time first in the history, its max_turns)."""
+        r.first_t = t
+        r.history.insert(0, ("queued", t, None))
+        if r.max_turns is None and msg.get("max_turns") is not None:
+            r.max_turns = _int(msg.get("max_turns"))
+        run.first_t = t if run.first_t is None else min(run.first_t, t)
+        self.version += 1
 
     def _finish(self, run: RunState, r: Rollout, state: str, t: float, msg: dict[str, Any]) -> None:
         final = {k: msg.get(k) for k in FINAL_FIELDS}

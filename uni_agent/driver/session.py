@@ -128,8 +128,11 @@ async def open_session(settings: RunSettings, log_dir: Path, store: ResultStore 
                 finally:
                     if session.engines_ready is not None:
                         await _cancelled(session.engines_ready)
-                    await pool.close()
-                    run_phase("agent_workers_closed")
+                    if session.dispatcher is not None:
+                        await session.dispatcher.close()  # its events, and the pool's actors
+                    else:
+                        await pool.close()
+                        run_phase("agent_workers_closed")
             finally:
                 await _cancelled(starting)
                 if session.engines is not None:

@@ -147,7 +147,7 @@ class RolloutService:
         batch = RolloutBatch(f"{self.run_id}-b{number}", number if step is None else step,
                              self.version if version is None else version, n, specs, self._cancel_on_actors)
         self.batches.append(batch)
-        await self.dispatcher.events.queued(specs)
+        self.dispatcher.events.queued(specs)
         for spec in specs:
             self._batch_of[spec.key] = batch
             batch.track(spec, asyncio.ensure_future(self._run(spec)))
@@ -246,8 +246,7 @@ class RolloutService:
             with contextlib.suppress(Exception):
                 await batch.cancel()
         try:
-            await self.dispatcher.mailboxes.close()
-            await self.dispatcher.events.close()
+            await self.dispatcher.mailboxes.close()  # its events go with the agent workers, as the session closes
         finally:
             self.store.flush()
             await self._stack.aclose()
