@@ -6,6 +6,7 @@ from __future__ import annotations
 import pwd
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from unprivileged import CREATOR_FILE, _created, ensure_user, remove_users, unavailable_reason
@@ -36,3 +37,16 @@ def test_a_user_left_by_a_killed_run_is_made_afresh_and_anothers_user_is_left_al
         remove_users(["ua-left-behind"])
     with pytest.raises(KeyError):
         pwd.getpwnam("ua-left-behind")
+
+
+def test_the_users_a_process_made_are_removed_when_it_exits():
+    """Test modules that never call remove_users leave no user behind: the process that made them removes them as it
+    exits."""
+    tests_dir = str(Path(__file__).parent)
+    made = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from unprivileged import ensure_user; "
+         "print(ensure_user('ua-gone-at-exit').uid)", tests_dir], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert int(made.stdout.split()[-1]) > 0  # it existed while that process ran
+    with pytest.raises(KeyError):
+        pwd.getpwnam("ua-gone-at-exit")

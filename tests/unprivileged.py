@@ -6,8 +6,9 @@ and say why. A command runs as a user through `runuser` with a clean environment
 test adds), from the user's home; Python runs from this interpreter (the project's venv). The venv and the repo
 must be readable by everyone, as a site install is; where a directory above them lets no one else through (a CI
 checkout under a 0700 directory), others are given traverse permission (o+x, not listing) on it for the session and
-the mode is put back at exit. Users this module created are removed again by `remove_users` (their processes,
-found by uid, killed first), those that existed before are left alone, but for one this module made in a test run
+the mode is put back at exit. Users this module created are removed again by `remove_users`, or when the process
+that made them exits (their processes, found by uid, killed first); those that existed before are left alone, but for
+one this module made in a test run
 that has ended without removing it (killed halfway): its home's CREATOR_FILE names a process that is gone, and it is
 removed and made afresh rather than handing the next run the last one's files.
 
@@ -94,6 +95,8 @@ def _create(name: str, subordinate_ids: bool) -> User:
         done = subprocess.run([*argv, name], capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
+        if not _created:  # the users this process made go when it exits, whichever test module made them
+            atexit.register(_remove_created, os.getpid())
         _created.append(name)
         user = _user(pwd.getpwnam(name))
         (user.home / CREATOR_FILE).write_text(f"{os.getpid()}\n")
@@ -202,6 +205,11 @@ def remove_users(names: Iterable[str] | None = None) -> None:
         with contextlib.suppress(KeyError):
             _remove(_user(pwd.getpwnam(name)))
         _created.remove(name)
+
+
+def _remove_created(creator: int) -> None:
+    if os.getpid() == creator:  # not a forked child exiting while the session still runs
+        remove_users()
 
 
 def _remove(user: User) -> None:
