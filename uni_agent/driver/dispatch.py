@@ -108,6 +108,10 @@ class Dispatcher:
             run_phase("rollouts_finished")
             self.progress.close()
             await self.mailboxes.close()
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+                self._flush_timer = None
+            self.store.flush()  # the last rows to disk now, while the page's last events are on their way
         # the events still on their way arrive while the agent workers close: the session closes both (close)
         self.store.not_started = len(self.not_started)
         if self.not_run:

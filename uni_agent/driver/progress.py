@@ -85,6 +85,7 @@ class RolloutEvents:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._on_their_way: set[asyncio.Future[None]] = set()  # messages being sent, whichever flush sent them
+        self._at_once = False  # the send loop's next pass goes without waiting flush_s
 
     def queued(self, todo: list[RolloutSpec]) -> None:
         """Sent like every other event: the rollouts start while they travel (awaited, 100,000 of them held the
@@ -92,7 +93,7 @@ class RolloutEvents:
         the late `queued` for what it adds (uni_agent.dashboard.state)."""
         self.outbox.extend(rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
                                          max_turns=s.agent.interaction.max_turns) for s in todo)
-        self._post_pending()
+        self._post_pending(at_once=True)  # ahead of the hand-out: in a small run they always arrive first
 
     def state(self, spec: RolloutSpec, state: str, **fields: Any) -> None:
         self._post(rollout_event(spec.run_id, spec.instance_id, spec.rollout, state, **fields))
@@ -105,8 +106,9 @@ class RolloutEvents:
         self.outbox.append(event)
         self._post_pending()
 
-    def _post_pending(self) -> None:
-        """The send loop, woken (started on the first event): it sends the outbox a flush_s later."""
+    def _post_pending(self, at_once: bool = False) -> None:
+        """The send loop, woken (started on the first event): it sends the outbox a flush_s later, or `at_once`."""
+        self._at_once = self._at_once or at_once
         if self._sender is None:
             self._sender = asyncio.ensure_future(self._send_loop())
         self._wake.set()
@@ -117,8 +119,10 @@ class RolloutEvents:
     async def _send_loop(self) -> None:
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self.flush_s)  # let a burst (a wave finishing) gather into few messages
+            if not self._at_once:
+                await asyncio.sleep(self.flush_s)  # let a burst (a wave finishing) gather into few messages
             self._wake.clear()
+            self._at_once = False
             await self.flush()
 
     async def flush(self) -> None:
