@@ -89,7 +89,7 @@ class RolloutEvents:
 
     def queued(self, todo: list[RolloutSpec]) -> None:
         """Sent like every other event: the rollouts start while they travel (awaited, 100,000 of them held the
-        first start back 0.8 s). A worker's `starting_sandbox` that arrives first is folded first; the page takes
+        first start back 0.6-1.1 s). A worker's `starting_sandbox` that arrives first is folded first; the page takes
         the late `queued` for what it adds (uni_agent.dashboard.state)."""
         self.outbox.extend(rollout_event(s.run_id, s.instance_id, s.rollout, "queued",
                                          max_turns=s.agent.interaction.max_turns) for s in todo)
