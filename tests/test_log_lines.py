@@ -25,3 +25,37 @@ def test_every_event_is_one_json_line_whatever_its_values(tmp_path):
     assert plain["timestamp"].endswith("Z")
     assert odd["big"] == 2**70 and odd["keys"] == {"1": "a"}  # a tuple key is left out, not a failed log call
     assert other["path"] == repr(Path("/a/b")) and other["nan"] is None and other["thing"].startswith("<object")
+
+
+def test_a_workers_failed_heartbeat_is_one_line_with_its_error():
+    """Dask's worker logs a failed heartbeat with its traceback; at a cluster's close one on its way always can meet
+    the closed stream. The workers' preload makes it one line that still names the error; other lines keep theirs."""
+    import io
+    import logging
+
+    from distributed.comm.core import CommClosedError
+
+    from uni_agent.logs import heartbeat_failures_in_one_line
+
+    heartbeat_failures_in_one_line()
+    heartbeat_failures_in_one_line()  # idempotent: one filter
+    logger = logging.getLogger("distributed.worker")
+    assert sum(type(f).__name__ == "HeartbeatFailedInOneLine" for f in logger.filters) == 1
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger.addHandler(handler)
+    try:
+        try:
+            raise CommClosedError("in <TLS (closed) ConnectionPool.heartbeat_worker>: Stream is closed")
+        except OSError:
+            logger.exception("Failed to communicate with scheduler during heartbeat.")
+        try:
+            raise ValueError("something else")
+        except ValueError:
+            logger.exception("Some other failure")
+    finally:
+        logger.removeHandler(handler)
+    first, rest = out.getvalue().split("\n", 1)
+    assert first == ("Failed to communicate with scheduler during heartbeat: CommClosedError: in <TLS (closed) "
+                     "ConnectionPool.heartbeat_worker>: Stream is closed")
+    assert rest.startswith("Some other failure\nTraceback")  # other messages keep their traceback

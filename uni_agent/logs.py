@@ -152,3 +152,30 @@ def keep_strangers_off_console() -> None:
     logger = logging.getLogger(_REFUSED_LOGGER)
     if not any(isinstance(f, RefusedConnections) for f in logger.filters):
         logger.addFilter(RefusedConnections())
+
+
+# -- a lost heartbeat ---------------------------------------------------------------------------------------------------
+
+_HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat."
+
+
+class HeartbeatFailedInOneLine(logging.Filter):
+    """A worker's failed heartbeat as one line with its error, without Dask's traceback: at every cluster's close a
+    heartbeat on its way when the scheduler shuts meets a closed stream, and the traceback it printed (a CI run caught
+    one at the end of a run) told the user nothing the error's one line does not; a scheduler lost mid-run still says
+    so, in that line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _HEARTBEAT_FAILED and record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{_HEARTBEAT_FAILED[:-1]}: {type(error).__name__}: {error}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+def heartbeat_failures_in_one_line() -> None:
+    """Install HeartbeatFailedInOneLine on Dask's worker logger (idempotent): the workers' preload."""
+    logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, HeartbeatFailedInOneLine) for f in logger.filters):
+        logger.addFilter(HeartbeatFailedInOneLine())
+

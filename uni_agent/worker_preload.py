@@ -20,7 +20,7 @@ from typing import Any
 
 from .dashboard.guard import stop_worker_pages
 from .dask_profiler import stop_worker_profiler
-from .logs import keep_strangers_off_console
+from .logs import heartbeat_failures_in_one_line, keep_strangers_off_console
 from .worker_monitor import slow_worker_monitor
 
 from .driver.interrupt import DRIVER_STOPS_ME
@@ -44,6 +44,7 @@ def import_rollout_modules() -> None:
 
 def dask_setup(worker: Any) -> None:
     keep_strangers_off_console()  # another user's connection attempts on this worker's ports: not on the console
+    heartbeat_failures_in_one_line()  # a cluster's close meeting a heartbeat on its way: no traceback on the console
     stop_worker_pages(worker)  # Dask's per-worker /metrics, /health: readable by any user of the node, used by none
     stop_worker_profiler(worker)  # 100 samples a second on the agents' event loop (uni_agent.dask_profiler)
     slow_worker_monitor(worker)  # its open files counted twice a second (uni_agent.worker_monitor)
