@@ -154,7 +154,7 @@ def keep_strangers_off_console() -> None:
         logger.addFilter(RefusedConnections())
 
 
-# -- a lost heartbeat ---------------------------------------------------------------------------------------------------
+# -- a lost heartbeat ---------------------------------------------------------------------------------------------
 
 _HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat."
 
