@@ -159,8 +159,9 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
     # Rollouts in flight on the other job's worker waited for the engine and went on with it in its new place.
     across = (rows.started_at < cancelled_wall) & (rows.finished_at > cancelled_wall)
     spanning = rows[across & (rows.worker == survivor)]
-    assert len(spanning) >= 1, outcome.assign(started_at=rows.started_at, finished_at=rows.finished_at,
-                                              cancelled=cancelled_wall).to_dict("records")
+    assert len(spanning) >= 1, json.dumps(outcome.assign(  # a string: pytest prints it whole, a list it cuts short
+        started_at=rows.started_at, finished_at=rows.finished_at, cancelled=cancelled_wall, survivor=survivor,
+        lost=lost).to_dict("records"), default=str)
     summary = json.loads((out / "summary.json").read_text())
     print(f"\nengine's job {job} cancelled {cancelled_at - started:.0f} s into the run; engine serving again on the "
           f"other job's worker after {replaced['down_s']:.1f} s; {len(spanning)} rollouts in flight there went on "
