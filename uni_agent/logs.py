@@ -178,4 +178,3 @@ def heartbeat_failures_in_one_line() -> None:
     logger = logging.getLogger("distributed.worker")
     if not any(isinstance(f, HeartbeatFailedInOneLine) for f in logger.filters):
         logger.addFilter(HeartbeatFailedInOneLine())
-

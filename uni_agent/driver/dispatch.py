@@ -109,10 +109,7 @@ class Dispatcher:
             run_phase("rollouts_finished")
             self.progress.close()
             await self.mailboxes.close()
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-                self._flush_timer = None
-            self.store.flush()  # the last rows to disk now, while the page's last events are on their way
+            self._flush_now(every_row=True)  # the last rows to disk now, while the page's last events travel
         # the events still on their way arrive while the agent workers close: the session closes both (close)
         self.store.not_started = len(self.not_started)
         if self.not_run:
@@ -140,9 +137,11 @@ class Dispatcher:
         if self._flush_timer is None and self.store.flush_due():
             self._flush_timer = asyncio.get_running_loop().call_later(self.store.flush_s, self._flush_now)
 
-    def _flush_now(self) -> None:
+    def _flush_now(self, every_row: bool = False) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()  # (a no-op when it is the timer calling)
         self._flush_timer = None
-        if self.store.flush_due():
+        if every_row or self.store.flush_due():
             self.store.flush()
             self._say_write_state()
 
