@@ -104,6 +104,39 @@ def slurm_job_of(pid: int) -> str:
     return environ["SLURM_JOB_ID"]
 
 
+def sandbox_jobs(cluster: UserCluster) -> list[str]:
+    """The SLURM job of each of the user's sandboxes open on the node: the job of the nearest ancestor (its worker)
+    that has one in its environment."""
+    parents, commands = {}, {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        commands[int(proc.name)] = _cmd(proc)
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    opened = []  # a sandbox's own bwrap, or a child of a fork server's Python (bwrap -> its init -> the server)
+    for pid, cmd in commands.items():
+        if not (cmd.startswith(SANDBOX_PROCESSES) and str(cluster.node_tmp) in cmd):
+            continue
+        if FORK_SERVER_MARK not in cmd:
+            opened.append(pid)
+        else:
+            opened += [pid for init in children.get(pid, []) for server in children.get(init, [])
+                       for _ in children.get(server, [])]
+    jobs = []
+    for pid in opened:
+        while pid > 1:
+            try:
+                jobs.append(slurm_job_of(pid))
+                break
+            except (OSError, KeyError, ValueError):
+                pid = parents.get(pid, 1)
+    return jobs
+
+
 def events(out: Path, name: str) -> list[dict]:
     return [e for f in (out / "logs").glob("*.jsonl") for line in f.read_text().splitlines()
             if (e := json.loads(line)).get("event") == name]
@@ -121,11 +154,16 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
     started = time.monotonic()
     driver = popen_as(cluster.user, argv, env=cluster.env)
     try:
-        poll_until(lambda: answered(log) >= 2 or driver.poll() is not None, 360, "the engine to answer two calls")
+        poll_until(lambda: server_pids(engine_port(log) or 0) or driver.poll() is not None, 360, "the engine to start")
         assert driver.poll() is None, driver.communicate()[1][-5000:]
         port = engine_port(log)
         [server] = server_pids(port)
         job = slurm_job_of(server)
+        # Cancel once the engine answered and a rollout is open on the other job's worker: that rollout must wait for
+        # the engine and go on with it (the clean-clone CI at 706a610 once cancelled when none was open there).
+        poll_until(lambda: answered(log) >= 1 and any(j != job for j in sandbox_jobs(cluster))
+                   or driver.poll() is not None, 360, "a rollout open on the other job's worker")
+        assert driver.poll() is None, driver.communicate()[1][-5000:]
         workers = cluster.client.scheduler_info(n_workers=-1)["workers"]
         [lost] = [addr for addr, w in workers.items() if str(w["name"]).startswith(f"sandbox-{socket.gethostname()}-"
                                                                                     f"{job}")]
