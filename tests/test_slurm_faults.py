@@ -34,7 +34,7 @@ from test_run_dask import solver
 from test_slurm_cpu_recipe import USERS, give_llama_build, slurm, sourced  # noqa: F401 - slurm: the cluster fixture
 from unprivileged import User, ensure_users, kill_processes_of, popen_as, run_as, shared_dir
 from uni_agent.episode.exit_reason import ExitReason
-from uni_agent.testing.llama_watch import answered, engine_port, server_pids
+from uni_agent.testing.llama_watch import engine_port, server_pids
 from uni_agent.testing.scripted_llm import ScriptedLLM
 
 PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
@@ -104,37 +104,23 @@ def slurm_job_of(pid: int) -> str:
     return environ["SLURM_JOB_ID"]
 
 
-def sandbox_jobs(cluster: UserCluster) -> list[str]:
-    """The SLURM job of each of the user's sandboxes open on the node: the job of the nearest ancestor (its worker)
-    that has one in its environment."""
-    parents, commands = {}, {}
-    for proc in Path("/proc").glob("[0-9]*"):
+def open_rollouts_by_job(out: Path) -> dict[str, int]:
+    """Rollouts begun (their sandbox_started line) and not yet recorded, per SLURM job of the agent worker whose log
+    file (agent-worker-<pid>.jsonl) says so; a worker gone is left out. Read while the run writes: a line not yet
+    whole is skipped."""
+    def keys(path: Path, name: str) -> set[tuple[str, int]]:
+        return {(e["instance_id"], e["rollout"]) for line in path.read_text().splitlines()
+                if line.endswith("}") and (e := json.loads(line)).get("event") == name}
+
+    recorded = set().union(*(keys(f, "rollout_recorded") for f in (out / "logs").glob("driver-*.jsonl")))
+    found: dict[str, int] = {}
+    for log in (out / "logs").glob("agent-worker-*.jsonl"):
         try:
-            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            job = slurm_job_of(int(log.stem.rsplit("-", 1)[1]))
+        except (OSError, KeyError, ValueError):
             continue
-        commands[int(proc.name)] = _cmd(proc)
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    opened = []  # a sandbox's own bwrap, or a child of a fork server's Python (bwrap -> its init -> the server)
-    for pid, cmd in commands.items():
-        if not (cmd.startswith(SANDBOX_PROCESSES) and str(cluster.node_tmp) in cmd):
-            continue
-        if FORK_SERVER_MARK not in cmd:
-            opened.append(pid)
-        else:
-            opened += [pid for init in children.get(pid, []) for server in children.get(init, [])
-                       for _ in children.get(server, [])]
-    jobs = []
-    for pid in opened:
-        while pid > 1:
-            try:
-                jobs.append(slurm_job_of(pid))
-                break
-            except (OSError, KeyError, ValueError):
-                pid = parents.get(pid, 1)
-    return jobs
+        found[job] = found.get(job, 0) + len(keys(log, "sandbox_started") - recorded)
+    return found
 
 
 def events(out: Path, name: str) -> list[dict]:
@@ -159,10 +145,11 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
         port = engine_port(log)
         [server] = server_pids(port)
         job = slurm_job_of(server)
-        # Cancel once the engine answered and a rollout is open on the other job's worker: that rollout must wait for
-        # the engine and go on with it (the clean-clone CI at 706a610 once cancelled when none was open there).
-        poll_until(lambda: answered(log) >= 1 and any(j != job for j in sandbox_jobs(cluster))
-                   or driver.poll() is not None, 360, "a rollout open on the other job's worker")
+        # Cancel once a rollout has begun on the other job's worker: it must wait for the engine and go on with it.
+        # (Neither the engine's answers nor open sandboxes say so: the engine's first answer may be the shared prompt's
+        # read, and sandboxes start while the engine loads. The clean-clone CI at 706a610 once cancelled too early.)
+        poll_until(lambda: any(n for j, n in open_rollouts_by_job(out).items() if j != job)
+                   or driver.poll() is not None, 360, "a rollout begun on the other job's worker")
         assert driver.poll() is None, driver.communicate()[1][-5000:]
         workers = cluster.client.scheduler_info(n_workers=-1)["workers"]
         [lost] = [addr for addr, w in workers.items() if str(w["name"]).startswith(f"sandbox-{socket.gethostname()}-"
