@@ -185,4 +185,13 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
             if row.get("cpu_split_s"):  # a tree whose bench splits the machine's CPU by process
                 lines.append(f"  {label} c{key[0]}/{key[1]}w: " + split_line(row["cpu_split_s"], row["llm_calls"]))
                 lines.append(f"  {label} c{key[0]}/{key[1]}w: " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
+    # The stand-in model of each half: a tree's bench before 2026-12-07 (session 27) ran one process for the whole
+    # sweep, this one a pool per row, so a pair can differ in it; its replies' lateness counts against the framework.
+    for label, report, rows in ((ref[:8], before, old), ("now", after, new)):
+        for key, row in sorted(rows.items()):
+            stands_in = row.get("endpoint") or report.get("endpoint") or {}
+            late = stands_in.get("late_mean_s")
+            whole = "" if "endpoint" in row else " (the whole sweep's: that tree's bench had one for it)"
+            lines.append(f"  {label} c{key[0]}/{key[1]}w: endpoint {stands_in.get('processes', 1)} process(es), "
+                         f"replies {'?' if late is None else f'{1000 * late:.1f}'} ms late on average{whole}")
     return lines

@@ -22,13 +22,15 @@ from .baseline import settle
 from .cpu_split import breakdown_line, split_line
 from .endpoint_pool import EndpointPool
 from .lifetime import stop_on_signals
-from .measure import FDS_PER_ROLLOUT_SANDBOX, cpus_line, ensure_limits, load_average, open_files_line
+from .measure import (FDS_PER_ROLLOUT_SANDBOX, cpus_line, endpoint_processes_for, ensure_limits, load_average,
+                      open_files_line)
 from .out_dir import prepare_out_dir
 from .sweep_report import comparison_lines, show_errors, table_head, table_line, target_lines
 
 METHOD = """\
 method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in its own bubblewrap sandbox, then submit);
-  the endpoint (an asyncio HTTP server in a separate process) answers each call {delay:g} s after it arrived.
+  the endpoint (asyncio HTTP servers in processes of their own, --endpoint-processes) answers each call {delay:g} s
+  after it arrived; under each row, how late its replies left.
   rollouts = {waves} x concurrency.
   ideal = max(rollouts x calls x delay / concurrency, calls x delay); eff = ideal / makespan; makespan = wall time of
   the run call (actor start, rollouts, Parquet writes; cluster start excluded). Verification off.
@@ -59,6 +61,7 @@ class BenchOptions:
     json_path: Path | None = None
     keep: bool = False
     start_rates: list[float] = field(default_factory=lambda: [0.0])  # the run's start_rate (0: all at once)
+    endpoint_processes: list[int] | None = None  # the stand-in model's processes; None: endpoint_processes_for(point)
 
 
 def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
@@ -80,57 +83,59 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
          f"p95 {alone['p95_ms']:.0f} ms")
     rows: list[dict[str, Any]] = []
     echo(table_head())
-    # The asyncio endpoint the simulation uses, one process: a thread per connection (testing/scripted_llm.py, the
-    # bench's endpoint until 2026-12-07) added up to tens of ms to each call at 256 in flight and twice the CPU
-    # (bench/endpoint_lag.py), which the rows put on the framework's side (docs/benchmarks.md, session 24).
-    with EndpointPool(1, options.delay_s, options.turns, options.command) as endpoint:
-        for concurrency in options.concurrency:
-            rollouts = options.waves * concurrency
-            for workers, rate in ((w, r) for w in options.workers for r in options.start_rates):
-                if len(options.start_rates) > 1:  # rates compared in one invocation: neither inherits the other's
-                    settle(echo)  # freed inodes (baseline.settle)
-                name = f"ours-w{workers}-c{concurrency}" + (f"-r{rate:g}" if rate else "")
+    # The stand-in model is the simulation's asyncio endpoint, a pool of its own per row, so that each row says its
+    # own lag: a thread per connection (the bench's endpoint until 2026-12-07) added tens of ms a call at 256 in
+    # flight, and one process alone answers a wave of 1,024 calls tens of ms late (bench/endpoint_lag.py), which the
+    # rows would put on the framework's side (docs/benchmarks.md, sessions 24 and 27).
+    for concurrency in options.concurrency:
+        rollouts = options.waves * concurrency
+        processes = options.endpoint_processes or [endpoint_processes_for(concurrency)]
+        points = [(w, r, p) for w in options.workers for r in options.start_rates for p in processes]
+        for workers, rate, endpoint_processes in points:
+            if len(options.start_rates) > 1 or len(processes) > 1:  # compared in one invocation: neither inherits
+                settle(echo)  # the other's freed inodes (baseline.settle)
+            name = (f"ours-w{workers}-c{concurrency}" + (f"-r{rate:g}" if rate else "")
+                    + (f"-e{endpoint_processes}" if len(processes) > 1 else ""))
+            with EndpointPool(endpoint_processes, options.delay_s, options.turns, options.command) as endpoint:
                 row = run_ours(endpoint.base_url, concurrency=concurrency, workers=workers, turns=options.turns,
                                delay_s=options.delay_s, rollouts=rollouts, out_dir=out / name,
                                profile_dir=options.profile_dir, endpoint_pids=endpoint.pids, start_rate=rate)
-                rows.append(row)
-                echo(table_line(row))
-                echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
-                echo("    " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
-                echo(f"    a rollout's time past the ideal, mean / worst: {row['over_ideal_mean_s']:.2f} / "
-                     f"{row['over_ideal_max_s']:.2f} s; of it the model calls' wait past their delay "
-                     f"{row['model_late_mean_s']:.2f} / {row['model_late_max_s']:.2f} s, its commands "
-                     f"{row['commands_mean_s']:.2f} / {row['commands_max_s']:.2f} s; the sandbox's start past the "
-                     f"first call's delay (the most a first command waited for it), p95 "
-                     f"{row['start_past_first_call_p95_ms']:.0f} ms")
-                echo(f"    open files at peak: busiest worker {row['peak_fds_worker']} "
-                     f"({row['peak_fds_worker'] / row['rollouts_per_worker']:.2f} per rollout in flight)")
-                show_errors(row, echo)
-            if peer_missing is None and concurrency <= options.peer_max_concurrency:
-                try:
+            row["endpoint"] = endpoint.stats
+            rows.append(row)
+            echo(table_line(row))
+            echo("    " + split_line(row["cpu_split_s"], row["llm_calls"]))
+            echo("    " + breakdown_line(row["cpu_else_s"], row["llm_calls"]))
+            echo(f"    a rollout's time past the ideal, mean / worst: {row['over_ideal_mean_s']:.2f} / "
+                 f"{row['over_ideal_max_s']:.2f} s; of it the model calls' wait past their delay "
+                 f"{row['model_late_mean_s']:.2f} / {row['model_late_max_s']:.2f} s, its commands "
+                 f"{row['commands_mean_s']:.2f} / {row['commands_max_s']:.2f} s; the sandbox's start past the "
+                 f"first call's delay (the most a first command waited for it), p95 "
+                 f"{row['start_past_first_call_p95_ms']:.0f} ms")
+            echo(f"    open files at peak: busiest worker {row['peak_fds_worker']} "
+                 f"({row['peak_fds_worker'] / row['rollouts_per_worker']:.2f} per rollout in flight)")
+            echo("    " + endpoint_line(row["endpoint"]))
+            show_errors(row, echo)
+        if peer_missing is None and concurrency <= options.peer_max_concurrency:
+            try:
+                with EndpointPool(endpoint_processes_for(concurrency), options.delay_s, options.turns,
+                                  options.command) as endpoint:
                     row = run_peer(endpoint.base_url, concurrency=concurrency, turns=options.turns,
                                    delay_s=options.delay_s, rollouts=rollouts, out_dir=out / f"peer-c{concurrency}")
-                except Exception as exc:  # the peer failing is a figure of its own, not a reason to lose ours
-                    row = {"system": "mini-swe-agent", "concurrency": concurrency, "rollouts": rollouts,
-                           "failed": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
-                rows.append(row)
-                echo(table_line(row))
-                show_errors(row, echo)
-    endpoint_stats = endpoint.stats
+                row["endpoint"] = endpoint.stats
+            except Exception as exc:  # the peer failing is a figure of its own, not a reason to lose ours
+                row = {"system": "mini-swe-agent", "concurrency": concurrency, "rollouts": rollouts,
+                       "failed": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+            rows.append(row)
+            echo(table_line(row))
+            show_errors(row, echo)
     comparisons = comparison_lines(rows)
     targets = target_lines(rows, alone)
     echo("")
     for line in comparisons + [""] + targets:
         echo(line)
-    if endpoint_stats:
-        echo(f"endpoint: {endpoint_stats.get('requests')} requests answered, {endpoint_stats.get('cpu_s', 0):.1f} s CPU "
-             f"in its own process (not counted above); its replies left {_ms(endpoint_stats.get('late_mean_s'))} ms "
-             f"after their delay on average, {_ms(endpoint_stats.get('late_max_s'))} at worst (of the model calls' "
-             "wait past their delay, the endpoint's own part)")
     report = {"options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(options).items()},
               "header": header, "notes": notes, "rows": rows, "comparisons": comparisons, "targets": targets,
-              "sandbox_start_alone": alone,
-              "endpoint": endpoint_stats}
+              "sandbox_start_alone": alone}
     if options.json_path:
         options.json_path.write_text(json.dumps(report, indent=1, default=str))
     if options.out_dir is None and not options.keep:
@@ -140,6 +145,15 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
 
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def endpoint_line(stats: dict[str, Any]) -> str:
+    """What the stand-in model did for one row: its processes, requests and CPU, and how late its replies left."""
+    processes = stats.get("processes", 1)
+    return (f"endpoint: {processes} process{'es' if processes != 1 else ''}, {stats.get('requests')} requests, "
+            f"{stats.get('cpu_s', 0):.1f} s CPU (not counted above); its replies left {_ms(stats.get('late_mean_s'))} "
+            f"ms after their delay on average, {_ms(stats.get('late_max_s'))} at worst (of the model calls' wait past "
+            "their delay, the endpoint's own part)")
 
 
 def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:
@@ -169,6 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the runs' start_rate, rollouts started per second (0: all at once, the default); "
                         "several, comma-separated, are run one after another at each point (0,300: a pair without "
                         "and with it, in one invocation); with --simulate too")
+    parser.add_argument("--endpoint-processes", type=ints, default=None, metavar="N",
+                        help="the stand-in model's processes, sharing one port; several, comma-separated, are run one "
+                        "after another at each point of the sweep (1,4: the same point with both). Default: one per 256 "
+                        "rollouts in flight, at most a quarter of the usable CPUs; with --simulate one value, default 2")
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help="also run mini-swe-agent's batch runner on the same workload (needs the bench extra)")
     parser.add_argument("--peer-max-concurrency", type=int, default=64,
@@ -218,7 +236,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "rollouts/min and CPU per turn (--turns 4, --delay-s 0.5; needs its prepared venv)")
     sim.add_argument("--in-flight", type=ints, default=None, help="rollouts in flight to sweep (default 1000)")
     sim.add_argument("--command-s", type=float, default=0.05, help="seconds each stand-in command takes (0.05)")
-    sim.add_argument("--endpoint-processes", type=int, default=2, help="endpoint processes on one port (default 2)")
     sim.add_argument("--faults", action="store_true",
                      help="then, at the largest point: kill 2 workers and the driver once, resume, count rows")
     sim.add_argument("--faults-only", action="store_true", help="only the --faults run (no sweep before it)")
@@ -233,7 +250,8 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
                         delay_s=pick("delay_s"), waves=pick("waves"),
                         command=args.command or BenchOptions.command, peer=args.peer,
                         peer_max_concurrency=args.peer_max_concurrency, out_dir=args.out,
-                        profile_dir=args.profile, json_path=args.json, start_rates=args.start_rate or [0.0])
+                        profile_dir=args.profile, json_path=args.json, start_rates=args.start_rate or [0.0],
+                        endpoint_processes=args.endpoint_processes)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -252,6 +270,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if len(args.endpoint_processes or []) > 1 and (args.baseline or args.simulate):
+        raise SystemExit("uni-agent bench: --endpoint-processes takes one value with --baseline or --simulate; "
+                         "compare several in one invocation of the sweep instead (--endpoint-processes 1,4)")
     if args.baseline and len(args.start_rate or []) > 1:
         raise SystemExit("uni-agent bench: --start-rate with --baseline takes one rate: a pair must differ in one thing "
                          "(the tree); compare rates in one invocation of one tree instead (--start-rate 0,R)")
@@ -289,7 +310,8 @@ def simulate(args: argparse.Namespace) -> int:
     options = SimOptions(in_flight=args.in_flight or [1000], workers=(args.workers or [2])[0],
                          delay_s=args.delay_s if args.delay_s is not None else 20.0,
                          turns=args.turns if args.turns is not None else 4, command_s=args.command_s,
-                         waves=args.waves or 1, endpoint_processes=args.endpoint_processes, faults=args.faults,
+                         waves=args.waves or 1, endpoint_processes=(args.endpoint_processes or [2])[0],
+                         faults=args.faults,
                          faults_only=args.faults_only,
                          out_dir=args.out, profile_dir=args.profile, json_path=args.json,
                          start_rates=args.start_rate or [0.0])
@@ -407,7 +429,9 @@ def _sweep_args(args: argparse.Namespace) -> list[str]:
     options = options_from(args)
     return ["--concurrency", ",".join(map(str, options.concurrency)), "--workers", ",".join(map(str, options.workers)),
             "--turns", str(options.turns), "--delay-s", f"{options.delay_s:g}", "--waves", str(options.waves),
-            "--command", options.command, *_rate_args(args)]
+            "--command", options.command, *_rate_args(args),
+            # both trees get it where it was given (a tree before session 27 reads it only with --simulate)
+            *(["--endpoint-processes", str(options.endpoint_processes[0])] if options.endpoint_processes else [])]
 
 
 def _rate_args(args: argparse.Namespace) -> list[str]:

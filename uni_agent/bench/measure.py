@@ -106,6 +106,17 @@ def fds_needed(concurrency: int, workers: int, endpoint_processes: int = 1,
     return max(per_rollout * per_worker, FDS_PER_CONNECTION * per_endpoint) + FDS_BASE
 
 
+# Rollouts in flight one stand-in endpoint process answers on time: one process took a wave of 1,024 calls 42-55 ms
+# late on average on 16 cores (`python -m uni_agent.bench.endpoint_lag`, session 25), ~5 ms at 256.
+ROLLOUTS_PER_ENDPOINT_PROCESS = 256
+
+
+def endpoint_processes_for(concurrency: int) -> int:
+    """The sweep's stand-in model processes at a point: one per ROLLOUTS_PER_ENDPOINT_PROCESS in flight, at most a
+    quarter of the usable CPUs (they share the cores with the run), at least one."""
+    return max(1, min(-(-concurrency // ROLLOUTS_PER_ENDPOINT_PROCESS), usable_cpus() // 4))
+
+
 def fewest_processes(concurrency: int, limit: int, per_rollout: int = FDS_PER_ROLLOUT_SANDBOX) -> tuple[int, int]:
     """The fewest worker and endpoint processes whose busiest one fits under `limit` open files (the shape to ask
     for when the hard limit cannot be raised). E.g. 100,000 in flight under 20,000: 43 workers and 11 endpoint
