@@ -266,3 +266,19 @@ def test_a_sweep_point_with_two_endpoint_shapes_runs_each_with_its_own_pool(tmp_
     assert all(r["ok"] == 4 and r["endpoint"]["requests"] == 4 * 2 for r in rows), "\n".join(lines)
     text = "\n".join(lines)
     assert "endpoint: 1 process, 8 requests" in text and "endpoint: 2 processes, 8 requests" in text
+
+
+def test_a_pairs_table_says_each_trees_stand_in_endpoint():
+    """A --baseline pair whose halves ran different stand-in endpoints says so under the table: an older tree's
+    bench had one endpoint for its whole sweep (its report's top level), this one a pool per row."""
+    from uni_agent.bench.baseline import sweep_table
+
+    def row(**extra):
+        return {"system": "uni-agent", "concurrency": 1024, "workers": 12, "efficiency": 0.9, "ok": 1024, **extra}
+
+    before = {"rows": [row()], "endpoint": {"processes": 1, "late_mean_s": 0.0452}}
+    after = {"rows": [row(endpoint={"processes": 4, "late_mean_s": 0.0031})]}
+    lines = sweep_table(before, after, "0123456789abcdef")
+    assert "  01234567 c1024/12w: endpoint 1 process(es), replies 45.2 ms late on average (the whole sweep's: " \
+           "that tree's bench had one for it)" in lines, lines
+    assert "  now c1024/12w: endpoint 4 process(es), replies 3.1 ms late on average" in lines, lines
