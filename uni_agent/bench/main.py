@@ -85,8 +85,8 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     echo(table_head())
     # The stand-in model is the simulation's asyncio endpoint, a pool of its own per row, so that each row says its
     # own lag: a thread per connection (the bench's endpoint until 2026-12-07) added tens of ms a call at 256 in
-    # flight, and one process alone answers a wave of 1,024 calls tens of ms late (bench/endpoint_lag.py), which the
-    # rows would put on the framework's side (docs/benchmarks.md, sessions 24 and 27).
+    # flight, and one process alone answers a wave of 1,024 calls 8-17 ms late on average, 0.2-0.3 s of a rollout's
+    # nine calls, which the rows would put on the framework's side (docs/benchmarks.md, sessions 24 and 27).
     for concurrency in options.concurrency:
         rollouts = options.waves * concurrency
         processes = options.endpoint_processes or [endpoint_processes_for(concurrency)]

@@ -106,8 +106,9 @@ def fds_needed(concurrency: int, workers: int, endpoint_processes: int = 1,
     return max(per_rollout * per_worker, FDS_PER_CONNECTION * per_endpoint) + FDS_BASE
 
 
-# Rollouts in flight one stand-in endpoint process answers on time: one process took a wave of 1,024 calls 42-55 ms
-# late on average on 16 cores (`python -m uni_agent.bench.endpoint_lag`, session 25), ~5 ms at 256.
+# Rollouts in flight one stand-in endpoint process answers on time: at 1,024 on 16 cores one process's replies left
+# 8-17 ms late on average (up to 298 ms), four processes' 1.3-2.9 ms; 4-12 ms at 256 on 2 cores (docs/benchmarks.md,
+# session 27).
 ROLLOUTS_PER_ENDPOINT_PROCESS = 256
 
 
