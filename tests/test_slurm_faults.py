@@ -140,7 +140,8 @@ def test_the_job_holding_the_engine_cancelled_mid_run_every_rollout_still_counts
     started = time.monotonic()
     driver = popen_as(cluster.user, argv, env=cluster.env)
     try:
-        poll_until(lambda: server_pids(engine_port(log) or 0) or driver.poll() is not None, 360, "the engine to start")
+        poll_until(lambda: len(server_pids(engine_port(log) or 0)) == 1 or driver.poll() is not None, 360,
+                   "the engine to start")
         assert driver.poll() is None, driver.communicate()[1][-5000:]
         port = engine_port(log)
         [server] = server_pids(port)
