@@ -149,9 +149,14 @@ class RefusedConnections(logging.Filter):
 
 def keep_strangers_off_console() -> None:
     """Install RefusedConnections in this process (idempotent): the scheduler's and the workers' processes."""
-    logger = logging.getLogger(_REFUSED_LOGGER)
-    if not any(isinstance(f, RefusedConnections) for f in logger.filters):
-        logger.addFilter(RefusedConnections())
+    _add_filter_once(_REFUSED_LOGGER, RefusedConnections)
+
+
+def _add_filter_once(logger_name: str, kind: type[logging.Filter]) -> None:
+    """A `kind` filter on that logger, unless it has one (a preload may run twice in one process)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, kind) for f in logger.filters):
+        logger.addFilter(kind())
 
 
 # -- a lost heartbeat ---------------------------------------------------------------------------------------------
@@ -175,6 +180,4 @@ class HeartbeatFailedInOneLine(logging.Filter):
 
 def heartbeat_failures_in_one_line() -> None:
     """Install HeartbeatFailedInOneLine on Dask's worker logger (idempotent): the workers' preload."""
-    logger = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, HeartbeatFailedInOneLine) for f in logger.filters):
-        logger.addFilter(HeartbeatFailedInOneLine())
+    _add_filter_once("distributed.worker", HeartbeatFailedInOneLine)

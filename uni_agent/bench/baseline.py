@@ -157,7 +157,7 @@ SWEEP_FIELDS = [("efficiency", "{:.2f}"), ("rollouts_per_min", "{:.0f}"), ("fram
 
 def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list[str]:
     """Our rows of both reports side by side, matched on (concurrency, workers)."""
-    from .sweep_report import lost_dup
+    from .sweep_report import lost_dup, milliseconds
     ours = lambda report: {(r["concurrency"], r["workers"]): r for r in report["rows"]  # noqa: E731
                            if r.get("system") == "uni-agent"}
     old, new = ours(before), ours(after)
@@ -190,8 +190,7 @@ def sweep_table(before: dict[str, Any], after: dict[str, Any], ref: str) -> list
     for label, report, rows in ((ref[:8], before, old), ("now", after, new)):
         for key, row in sorted(rows.items()):
             stands_in = row.get("endpoint") or report.get("endpoint") or {}
-            late = stands_in.get("late_mean_s")
             whole = "" if "endpoint" in row else " (the whole sweep's: that tree's bench had one for it)"
             lines.append(f"  {label} c{key[0]}/{key[1]}w: endpoint {stands_in.get('processes', 1)} process(es), "
-                         f"replies {'?' if late is None else f'{1000 * late:.1f}'} ms late on average{whole}")
+                         f"replies {milliseconds(stands_in.get('late_mean_s'))} ms late on average{whole}")
     return lines

@@ -25,7 +25,7 @@ from .lifetime import stop_on_signals
 from .measure import (FDS_PER_ROLLOUT_SANDBOX, cpus_line, endpoint_processes_for, ensure_limits, load_average,
                       open_files_line)
 from .out_dir import prepare_out_dir
-from .sweep_report import comparison_lines, show_errors, table_head, table_line, target_lines
+from .sweep_report import comparison_lines, endpoint_line, show_errors, table_head, table_line, target_lines
 
 METHOD = """\
 method: every rollout = {calls} LLM calls ({turns} x execute_bash `{command}` in its own bubblewrap sandbox, then submit);
@@ -141,19 +141,6 @@ def run_bench(options: BenchOptions, echo=print) -> dict[str, Any]:
     if options.out_dir is None and not options.keep:
         shutil.rmtree(out, ignore_errors=True)
     return report
-
-
-def _ms(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{1000 * seconds:.1f}"
-
-
-def endpoint_line(stats: dict[str, Any]) -> str:
-    """What the stand-in model did for one row: its processes, requests and CPU, and how late its replies left."""
-    processes = stats.get("processes", 1)
-    return (f"endpoint: {processes} process{'es' if processes != 1 else ''}, {stats.get('requests')} requests, "
-            f"{stats.get('cpu_s', 0):.1f} s CPU (not counted above); its replies left {_ms(stats.get('late_mean_s'))} "
-            f"ms after their delay on average, {_ms(stats.get('late_max_s'))} at worst (of the model calls' wait past "
-            "their delay, the endpoint's own part)")
 
 
 def _header(options: BenchOptions, peer_missing: str | None) -> list[str]:

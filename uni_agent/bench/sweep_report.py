@@ -54,6 +54,21 @@ def lost_dup(row: dict[str, Any]) -> str:
     return f"{'-' if lost is None else lost}/{'-' if dup is None else dup}"
 
 
+def milliseconds(seconds: float | None) -> str:
+    """Seconds as ms with one decimal; '?' where a figure is missing."""
+    return "?" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def endpoint_line(stats: dict[str, Any]) -> str:
+    """What the stand-in model did for one row: its processes, requests and CPU, and how late its replies left."""
+    processes = stats.get("processes", 1)
+    return (f"endpoint: {processes} process{'es' if processes != 1 else ''}, {stats.get('requests')} requests, "
+            f"{stats.get('cpu_s', 0):.1f} s CPU (not counted above); its replies left "
+            f"{milliseconds(stats.get('late_mean_s'))} ms after their delay on average, "
+            f"{milliseconds(stats.get('late_max_s'))} at worst (of the model calls' wait past their delay, the "
+            "endpoint's own part)")
+
+
 def show_errors(row: dict[str, Any], echo) -> None:
     for error in row.get("errors") or []:
         echo(f"    error in {row['system']} c={row['concurrency']}: {error}")
