@@ -95,14 +95,23 @@ def _check_verify_and_infer(env: dict, out: Path, scheduler_file: str | None) ->
 
 
 def assert_slow_dask_timers(client: Client) -> None:
-    """uni_agent.dask_timers, from the job scripts' environment: every server's event-loop tick every 200 ms, every
-    worker's and nanny's memory monitor every 500 ms (Dask's own: 20 and 100)."""
-    def timers(dask_worker) -> tuple[float, float | None]:  # defined here: sent by value, the workers lack the tests
-        monitor = dask_worker.periodic_callbacks.get("memory_monitor")
-        return dask_worker.periodic_callbacks["tick"].callback_time, monitor and monitor.callback_time
+    """uni_agent.dask_timers, from the job scripts' environment: every server's event-loop tick every 200 ms and its
+    system monitor every 2 s, every worker's and nanny's memory monitor every 500 ms (Dask's own: 20, 500 and 100);
+    from the scheduler preload, each worker's heartbeat every 2 s once the scheduler answered one (Dask's: 0.5 s)."""
+    def timers(dask_worker) -> tuple[float, float | None, float]:  # defined here: sent by value, the workers lack
+        callbacks = dask_worker.periodic_callbacks                   # the tests
+        monitor = callbacks.get("memory_monitor")
+        return callbacks["tick"].callback_time, monitor and monitor.callback_time, callbacks["monitor"].callback_time
 
-    assert set(client.run(timers).values()) | set(client.run(timers, nanny=True).values()) == {(200, 500)}
-    assert client.run_on_scheduler(lambda dask_scheduler: timers(dask_scheduler)[0]) == 200
+    def heartbeat_ms(dask_worker) -> float:
+        return dask_worker.periodic_callbacks["heartbeat"].callback_time
+
+    assert set(client.run(timers).values()) | set(client.run(timers, nanny=True).values()) == {(200, 500, 2000)}
+    assert client.run_on_scheduler(lambda dask_scheduler: timers(dask_scheduler)) == (200, None, 2000)
+    deadline = time.monotonic() + 20
+    while set(client.run(heartbeat_ms).values()) != {2000} and time.monotonic() < deadline:
+        time.sleep(0.2)  # a worker starts at 1 s; the scheduler's first reply sets it
+    assert set(client.run(heartbeat_ms).values()) == {2000}
 
 
 def dask_timers_are_slow(scheduler_file: str, tls_dir: str) -> None:

@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 
 from ..dashboard import page_access, page_url, stop_pages, tunnel_friendly, with_token
 from ..dask_profiler import dask_config
+from ..dask_timers import CLUSTER_INFO_SYNC_S
 from ..dask_timers import dask_config as timers_config
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
@@ -92,6 +93,7 @@ def local_cluster_options(n_workers: int, threads_per_worker: int, dashboard_add
         local_directory=str(dask_dir()),
         env={DRIVER_STOPS_ME: "1"},  # a Ctrl-C is the driver's to handle, not the workers'
         scheduler_kwargs={"preload": [SCHEDULER_PRELOAD]},
+        scheduler_sync_interval=CLUSTER_INFO_SYNC_S,  # its description on the scheduler: unchanged while a run lasts
     )
 
 
