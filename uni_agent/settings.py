@@ -39,6 +39,7 @@ OTHER_VARIABLES = frozenset({
     "UNI_AGENT_MAX_CALLS",
     "UNI_AGENT_DRIVER_STOPS_WORKER",  # uni_agent.worker_preload: a LocalCluster's worker leaves SIGINT to the driver
     "UNI_AGENT_DASK_PROFILER",  # uni_agent.dask_profiler: 1 keeps Dask's statistical profiler on
+    "UNI_AGENT_WARM_FORK_SERVER",  # uni_agent.worker_preload: 0 starts a worker's fork server with its first sandbox
 })
 
 

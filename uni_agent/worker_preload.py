@@ -5,15 +5,19 @@ tools) when the dask worker starts. Without it the first run on a fresh worker p
 start and its first sandboxes open, while every rollout of the first wave waits (0.4 s of one core per worker here,
 more when the workers of a node import at once). It also closes the worker's own HTTP server, which answers any user
 of the node (uni_agent.dashboard.guard.stop_worker_pages), stops Dask's profiler's sampling of the agents' event
-loop (uni_agent.dask_profiler) and makes Dask's system monitor sample every 2 s (uni_agent.worker_monitor). A run's
-own LocalCluster and the SLURM recipes load it.
+loop (uni_agent.dask_profiler) and makes Dask's system monitor sample every 2 s (uni_agent.worker_monitor). On a
+sandbox worker it starts the worker's sandbox fork server as the worker starts (uni_agent.sandbox.local's
+warm_fork_server), not with the first wave's first sandbox while the rest of that wave's sandboxes on the worker
+wait. A run's own LocalCluster and the SLURM recipes load it.
 Without it everything is imported on first use, and the worker's /metrics stays open to the node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
+import logging
 import os
 import signal
 from typing import Any
@@ -22,6 +26,7 @@ from .dashboard.guard import stop_worker_pages
 from .dask_profiler import stop_worker_profiler
 from .logs import heartbeat_failures_in_one_line, keep_strangers_off_console
 from .worker_monitor import slow_worker_monitor
+from .worker_resources import SANDBOX
 
 from .driver.interrupt import DRIVER_STOPS_ME
 
@@ -35,6 +40,10 @@ MODULES = (
     "uni_agent.tools.toolbox",
     "uni_agent.grading",
 )
+
+
+WARM_FORK_SERVER = "UNI_AGENT_WARM_FORK_SERVER"  # "0": a worker's fork server starts with its first sandbox instead
+_warming: set[asyncio.Task] = set()  # the running warm-up, kept from the garbage collector
 
 
 def import_rollout_modules() -> None:
@@ -52,3 +61,33 @@ def dask_setup(worker: Any) -> None:
         with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT as it is
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     import_rollout_modules()
+    warm_fork_server_soon(worker)
+
+
+def is_sandbox_worker(resources: dict[str, float]) -> bool:
+    """As the driver picks them (uni_agent.driver.cluster.sandbox_workers): a worker that declares SANDBOX, or one
+    that declares no resource at all (a GPU worker declares its GPUs)."""
+    return SANDBOX in resources or not resources
+
+
+def warm_fork_server_soon(worker: Any) -> None:
+    """On a sandbox worker, the fork server's boot and probe (and the overlay probe) start now, on the worker's event
+    loop, while the worker joins its cluster."""
+    if os.environ.get(WARM_FORK_SERVER) == "0" or not is_sandbox_worker(dict(worker.state.total_resources)):
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop here (not Dask's own preload call): the first sandbox starts it
+        return
+    task = loop.create_task(_warm_fork_server())
+    _warming.add(task)
+    task.add_done_callback(_warming.discard)
+
+
+async def _warm_fork_server() -> None:
+    from .sandbox.local import warm_fork_server
+
+    try:
+        await warm_fork_server()
+    except Exception as exc:  # the worker's first sandbox starts one, and says what fails there
+        logging.getLogger(__name__).debug("fork server warm-up failed: %s: %s", type(exc).__name__, exc)

@@ -27,10 +27,10 @@ from ..dask_timers import CLUSTER_INFO_SYNC_S
 from ..dask_timers import dask_config as timers_config
 from ..private_dirs import dask_dir
 from ..settings import RunSettings
+from ..worker_resources import SANDBOX
 from .interrupt import DRIVER_STOPS_ME
 from .tls import client_security, local_security, scheduler_file_address
 
-SANDBOX = "SANDBOX"  # the resource sandbox workers declare: dask worker --resources SANDBOX=N
 LOCAL_SANDBOXES = 1024  # what a LocalCluster's workers declare: the agents' concurrency is the real bound
 WORKER_PRELOAD = "uni_agent.worker_preload"  # dask worker --preload: a worker imports the rollouts' modules at start
 # dask scheduler --preload: the GPU lease table and the page guard from the scheduler's start, before it serves a page

@@ -279,9 +279,11 @@ def running_fork_server(key: ForkServerKey) -> ForkServer | None:
     return fork_server if fork_server is not None and fork_server.alive else None
 
 
-def fork_server_for(key: ForkServerKey, env: dict[str, str]) -> ForkServer | None:
+def fork_server_for(key: ForkServerKey, env: dict[str, str], *, quiet: bool = False) -> ForkServer | None:
     """The fork server for `key`, started (and probed) if needed; None where no fork server can serve (said once, in the
-    log). Blocking: call it in a thread."""
+    log). Blocking: call it in a thread. `quiet` (a warm-up, before the run's logs are set up): its start is not
+    announced, and a failed probe is neither said nor remembered (the first sandbox's start probes again and says
+    it)."""
     with _lock:
         fork_server = _fork_servers.get(key)
         if fork_server is not None and fork_server.alive:
@@ -295,12 +297,15 @@ def fork_server_for(key: ForkServerKey, env: dict[str, str]) -> ForkServer | Non
         failure = fork_server.probe(env)
         if failure is not None:
             fork_server.close()
+            if quiet:
+                return None
             _broken[key] = failure
             log.warning("fork_server_unusable", detail="local sandboxes start one bwrap each (~30 ms of CPU, not ~3):"
                         f" the fork server does not work here: {failure}")
             return None
         _fork_servers[key] = fork_server
-        log.info("fork_server_started", pid=fork_server.proc.pid, sandboxes=str(key.sandboxes))
+        if not quiet:
+            log.info("fork_server_started", pid=fork_server.proc.pid, sandboxes=str(key.sandboxes))
         return fork_server
 
 
