@@ -8,7 +8,8 @@ import time
 
 import dask
 
-from uni_agent.dask_timers import HEARTBEAT_FLOOR_S, IN_ENVIRONMENT, INTERVALS, dask_config, environment, slow_heartbeats
+from uni_agent.dask_timers import (HEARTBEAT_FLOOR_S, IN_ENVIRONMENT, INTERVALS, dask_config, environment,
+                                   slow_heartbeats)
 from uni_agent.driver.cluster import cluster_client
 from uni_agent.settings import load_settings
 

@@ -153,8 +153,8 @@ def test_the_check_sees_string_paths_and_package_circles(tmp_path: Path) -> None
 ROOT = "uni_agent"
 LAYERS = [
     ("foundation", ["uni_agent.registry", "uni_agent.redact", "uni_agent.logs", "uni_agent.current_worker",
-                    "uni_agent.worker_resources", "uni_agent.events", "uni_agent.fast_json", "uni_agent.gc_policy", "uni_agent.dask_profiler",
-                    "uni_agent.dask_timers", "uni_agent.worker_monitor"]),
+                    "uni_agent.worker_resources", "uni_agent.events", "uni_agent.fast_json", "uni_agent.gc_policy",
+                    "uni_agent.dask_profiler", "uni_agent.dask_timers", "uni_agent.worker_monitor"]),
     ("config", ["uni_agent.config", "uni_agent.settings", "uni_agent.tool_calls", "uni_agent.tools.tool_names",
                 "uni_agent.engines.engine_names", "uni_agent.sandbox.base", "uni_agent.sandbox.deployment_types"]),
     ("sandbox", ["uni_agent.sandbox", "uni_agent.private_dirs", "uni_agent.cache_maintenance"]),

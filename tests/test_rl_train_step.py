@@ -5,8 +5,9 @@ llama.cpp's converter and served by llama-server through the rollout service; tw
 come back with their tokens; the trainer takes one GRPO step that rewards the first rollout and penalises the
 second (a random model earns no reward of its own, so the test sets the two rewards); the new weights go to the
 engine with update_weights. Then, at the sampled positions past where the two answers part, the served model's
-logprobs are the trainer's own (F16 against F32), and the rewarded answer's tokens gained on the penalised one's. (Whether its most likely token changes at those positions is not asserted: at lr 0.01 it often does
-not, and the rise already shows the served model is the updated one.)
+logprobs are the trainer's own (F16 against F32), and the rewarded answer's tokens gained on the penalised one's.
+(Whether its most likely token changes at those positions is not asserted: at lr 0.01 it often does not, and the
+rise already shows the served model is the updated one.)
 
 Needs the `train` extra (torch, transformers): skipped, saying so, where it is not installed."""
 
