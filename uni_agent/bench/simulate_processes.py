@@ -20,6 +20,7 @@ from ..dask_timers import environment as timers_environment
 from ..driver.cluster import WORKER_PRELOAD
 from ..driver.tls import CA_FILE, CERT_FILE, KEY_FILE, write_credentials
 from ..private_dirs import dask_dir
+from ..worker_preload import WARM_FORK_SERVER
 from .lifetime import die_with_bench
 
 
@@ -36,7 +37,8 @@ class ProcessCluster:
         self.n, self.dir, self.cwd = workers, work_dir, cwd
         profiler = {} if profiler_kept() else dict([OFF_IN_ENVIRONMENT.split("=", 1)])
         self.env = {**env, "UNI_AGENT_TLS_DIR": str(self.tls_dir), "DASK_TEMPORARY_DIRECTORY": str(dask_dir()),
-                    **profiler, **timers_environment(env)}
+                    **profiler, **timers_environment(env),
+                    WARM_FORK_SERVER: "0"}  # the simulation's sandboxes are stand-ins: no fork server to warm
         self.scheduler_file = work_dir / "scheduler.json"
         self.procs: dict[str, subprocess.Popen] = {}
 
