@@ -360,22 +360,23 @@ async def warm_fork_server(config: LocalDeploymentConfig | None = None) -> bool:
     """The fork server that `config`'s sandboxes (default: the default local deployment's) would get, started and
     probed now, with the process's overlay probe: what a worker's first sandbox otherwise pays while the rest of its
     first wave waits (one fork server boots per worker: 70-80 ms alone on 2 cores, 250-350 ms with 12 workers booting
-    on 16 busy cores, docs/benchmarks.md). Quiet where no fork server would serve: False. A warmed fork server
-    with no sandbox ends after FORK_SERVER_IDLE_S like any other."""
+    on 16 busy cores, docs/benchmarks.md). Quiet (no log line: it runs at a worker's start, before a run's logs
+    exist, and the worker's output may be its caller's); False where no fork server would serve. A warmed fork
+    server with no sandbox ends after FORK_SERVER_IDLE_S like any other."""
     config = config or LocalDeploymentConfig()
     if config.launcher == "bwrap" or config.network or config.mounts or config.image or config.workspace == "copy":
         return False
     if shutil.which("bwrap") is None:
         return False
-    userns = await asyncio.to_thread(user_namespace)
+    userns = await asyncio.to_thread(user_namespace, True)  # quiet: what is missing, the first sandbox says
     if os.geteuid() != 0 and userns is None:
         return False  # no overlay without root or a user namespace, so no fork server
     root = await asyncio.to_thread(sandbox_root)
-    if not await overlay_wanted(config.workspace, userns, root):
+    if not await overlay_wanted(config.workspace, userns, root, quiet=True):
         return False
     repos = cache_root() / REPOS_DIR
     await asyncio.to_thread(repos.mkdir, parents=True, exist_ok=True)
-    cgroups = await asyncio.to_thread(pids_cgroup_parent) if config.pids_limit else None
+    cgroups = await asyncio.to_thread(pids_cgroup_parent, True) if config.pids_limit else None
     key = ForkServerKey(root, repos, cgroups, config.cpu_nice)
     if running_fork_server(key) is not None:
         return True

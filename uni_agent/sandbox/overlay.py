@@ -48,9 +48,10 @@ _overlay_probes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Ta
 _copy_said: list[bool] = []  # [True] once the fallback to copies was logged
 
 
-async def overlay_wanted(workspace: str, userns: UserNamespace | None, sandboxes: Path) -> bool:
+async def overlay_wanted(workspace: str, userns: UserNamespace | None, sandboxes: Path, *, quiet: bool = False) -> bool:
     """Whether a sandbox with this `workspace` setting gets an overlay; `userns` is the user namespace its chain
-    starts in (None: none, as root or where none is allowed), `sandboxes` the private dir its own dir is in."""
+    starts in (None: none, as root or where none is allowed), `sandboxes` the private dir its own dir is in. `quiet`
+    (the fork server's warm-up, before a run's logs exist): the fallback to copies is not said."""
     possible = os.geteuid() == 0 or userns is not None
     wanted = workspace == "overlay" or (workspace == "auto" and possible)
     if wanted and not _overlay_works:  # probed until it first works, then known for the process
@@ -61,7 +62,7 @@ async def overlay_wanted(workspace: str, userns: UserNamespace | None, sandboxes
                                "Linux 5.11 or later with unprivileged user namespaces allowed")
         else:
             wanted = False
-    if not wanted and workspace == "auto" and not _copy_said:
+    if not wanted and workspace == "auto" and not _copy_said and not quiet:
         _copy_said.append(True)
         log.warning("sandbox_workspace_copied", detail="overlayfs cannot be mounted here (not as root, nor in a "
                     "user namespace): every local sandbox copies its repo and image root, seconds and the "

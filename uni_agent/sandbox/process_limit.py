@@ -31,8 +31,9 @@ def _is_cgroup2(mount: Path) -> bool:
 
 
 @functools.cache
-def pids_cgroup_parent() -> Path | None:
-    """The cgroup under which sandboxes get theirs, or None where none can be made.
+def pids_cgroup_parent(quiet: bool = False) -> Path | None:
+    """The cgroup under which sandboxes get theirs, or None where none can be made (said in the log unless `quiet`:
+    the fork server's warm-up at a worker's start, before a run's logs exist).
 
     UNI_AGENT_PIDS_CGROUP=off turns cgroups off (ulimit fallback); any other value names the mount to use."""
     setting = os.environ.get("UNI_AGENT_PIDS_CGROUP", "")
@@ -56,7 +57,9 @@ def pids_cgroup_parent() -> Path | None:
             continue
         if usable:
             return parent
-    if os.geteuid() == 0:
+    if quiet:
+        pass
+    elif os.geteuid() == 0:
         log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
     else:  # the usual case for an ordinary user, and `ulimit -u` binds one
         log.info("no_pids_cgroup", detail="local sandboxes cap their processes with `ulimit -u`")

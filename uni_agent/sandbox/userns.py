@@ -51,23 +51,26 @@ class UserNamespace:
         return "a user namespace mapping your uid to 0 alone (no subordinate ids)"
 
 
-def user_namespace() -> UserNamespace | None:
-    """The namespace rootless sandboxes run in; None for real root (none needed) and where the kernel refuses one."""
-    return None if os.geteuid() == 0 else _probed()
+def user_namespace(quiet: bool = False) -> UserNamespace | None:
+    """The namespace rootless sandboxes run in; None for real root (none needed) and where the kernel refuses one.
+    What is missing is said in the log unless `quiet` (the fork server's warm-up, before a run's logs exist)."""
+    return None if os.geteuid() == 0 else _probed(quiet)
 
 
 @functools.cache
-def _probed() -> UserNamespace | None:
+def _probed(quiet: bool = False) -> UserNamespace | None:
     if shutil.which("unshare") is None:
         return None
     uid_map = _run(["unshare", "--user", "--map-root-user", "--map-auto", "--", "cat", "/proc/self/uid_map"])
     if uid_map is not None and _mapped_from_zero(uid_map) > 1:
         return UserNamespace(subordinate=True, ids=_mapped_from_zero(uid_map))
     if _run(["unshare", "--user", "--map-root-user", "--", "true"]) is not None:
-        log.warning("no_subordinate_ids", detail=NO_SUBORDINATE_IDS)
+        if not quiet:
+            log.warning("no_subordinate_ids", detail=NO_SUBORDINATE_IDS)
         return UserNamespace(subordinate=False, ids=1)
-    log.warning("no_user_namespace", detail="unprivileged user namespaces are refused here: local sandboxes copy "
-                "their trees instead of an overlay, and image sandboxes see your uid")
+    if not quiet:
+        log.warning("no_user_namespace", detail="unprivileged user namespaces are refused here: local sandboxes "
+                    "copy their trees instead of an overlay, and image sandboxes see your uid")
     return None
 
 
