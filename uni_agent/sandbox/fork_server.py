@@ -85,8 +85,9 @@ class ForkServer:
             argv += ["--ro-bind", path, f"{FORK_SERVER_DIR}/keep/{index}"]
         python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
         argv += [python, "-I", "-S", "-c", BOOT, str(theirs.fileno()), json.dumps(config)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), start_new_session=True)
+        self.proc = _spawn_thread().submit(
+            subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=(theirs.fileno(),), start_new_session=True).result()
         theirs.close()
         assert self.proc.stdin is not None
         try:
@@ -266,6 +267,21 @@ def fork_server_stderr(fork_server: ForkServer) -> str:
 def fork_server_failure(key: ForkServerKey) -> str:
     """Why no fork server serves `key` here (its probe's failure)."""
     return _broken.get(key, "unknown")
+
+
+_spawner: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+
+
+def _spawn_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread (per process) that starts fork servers. bwrap's --die-with-parent is PR_SET_PDEATHSIG, which
+    follows the thread that started it, not the process: a fork server started from an asyncio.to_thread worker was
+    killed when that thread ended with its loop's asyncio.run (in tests, every test's first sandbox then met a fork
+    server killed a moment before: "the sandbox's pid 1 in the fork server (gone) ended"). This thread ends with the
+    process."""
+    global _spawner
+    if _spawner is None or _spawner[0] != os.getpid():
+        _spawner = (os.getpid(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="uni-agent-fork-server"))
+    return _spawner[1]
 
 
 _fork_servers: dict[ForkServerKey, ForkServer] = {}
