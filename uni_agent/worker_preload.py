@@ -65,8 +65,9 @@ def dask_setup(worker: Any) -> None:
 
 
 def is_sandbox_worker(resources: dict[str, float]) -> bool:
-    """As the driver picks them (uni_agent.driver.cluster.sandbox_workers): a worker that declares SANDBOX, or one
-    that declares no resource at all (a GPU worker declares its GPUs)."""
+    """A worker that declares SANDBOX, or one that declares no resource at all (a GPU worker declares its GPUs). The
+    driver also takes a worker with other resources but no GPUs where none declares SANDBOX
+    (uni_agent.driver.cluster.sandbox_workers): such a worker's first sandbox starts its fork server, as before."""
     return SANDBOX in resources or not resources
 
 
