@@ -28,6 +28,7 @@ config to the workers they start), the SLURM job scripts (environment variables)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # Dask's key -> our interval (Dask's defaults: 20ms, 100ms)
@@ -60,8 +61,6 @@ def environment(current: dict[str, str]) -> dict[str, str]:
 def slow_heartbeats(scheduler: Any) -> None:
     """From the scheduler preload: each heartbeat's reply asks the worker for its next one in at least
     HEARTBEAT_FLOOR_S (a slower interval Dask asks for, with many workers, stays)."""
-    import functools
-
     handler = scheduler.handlers[HEARTBEAT_HANDLER]
     if getattr(handler, "heartbeat_floor", None) is not None:
         return  # installed already (a second preload of the same scheduler)

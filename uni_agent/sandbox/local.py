@@ -173,15 +173,7 @@ class LocalSandbox(SessionSandbox):
         return not why
 
     def _why_not_fork_server(self) -> str:
-        if self._lease is not None:
-            return "it runs an image"
-        if not self.use_overlay or self._base is None:
-            return "its workspace is not an overlay over a task repo"
-        if self.config.network:
-            return "it has the network"
-        if self.config.mounts:
-            return "it has extra mounts"
-        return ""
+        return fork_server_refusal(self.config, overlay_over_repo=self.use_overlay and self._base is not None)
 
     async def _launch_in_fork_server(self) -> Transport | None:
         """The sandbox forked by the fork server; None where no fork server works here (`launcher: auto` then starts a
@@ -356,6 +348,20 @@ class LocalSandbox(SessionSandbox):
                           shell_limits=" ".join(limits), read_only=self.config.mounts)
 
 
+def fork_server_refusal(config: LocalDeploymentConfig, overlay_over_repo: bool = True) -> str:
+    """Why the fork server cannot fork `config`'s sandboxes ("" where it can): a sandbox's start (its workspace known)
+    and the warm-up (before any sandbox, the overlay probed apart) ask the same."""
+    if config.image:
+        return "it runs an image"
+    if not overlay_over_repo:
+        return "its workspace is not an overlay over a task repo"
+    if config.network:
+        return "it has the network"
+    if config.mounts:
+        return "it has extra mounts"
+    return ""
+
+
 async def warm_fork_server(config: LocalDeploymentConfig | None = None) -> bool:
     """The fork server that `config`'s sandboxes (default: the default local deployment's) would get, started and
     probed now, with the process's overlay probe: what a worker's first sandbox otherwise pays while the rest of its
@@ -364,7 +370,7 @@ async def warm_fork_server(config: LocalDeploymentConfig | None = None) -> bool:
     exist, and the worker's output may be its caller's); False where no fork server would serve. A warmed fork
     server with no sandbox ends after FORK_SERVER_IDLE_S like any other."""
     config = config or LocalDeploymentConfig()
-    if config.launcher == "bwrap" or config.network or config.mounts or config.image or config.workspace == "copy":
+    if config.launcher == "bwrap" or config.workspace == "copy" or fork_server_refusal(config):
         return False
     if shutil.which("bwrap") is None:
         return False

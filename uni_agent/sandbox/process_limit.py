@@ -57,11 +57,9 @@ def pids_cgroup_parent(quiet: bool = False) -> Path | None:
             continue
         if usable:
             return parent
-    if quiet:
-        pass
-    elif os.geteuid() == 0:
+    if not quiet and os.geteuid() == 0:
         log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
-    else:  # the usual case for an ordinary user, and `ulimit -u` binds one
+    elif not quiet:  # the usual case for an ordinary user, and `ulimit -u` binds one
         log.info("no_pids_cgroup", detail="local sandboxes cap their processes with `ulimit -u`")
     return None
 
