@@ -120,13 +120,20 @@ def test_a_killed_sweep_leaves_no_process(tmp_path):
     out = tmp_path / "out"
 
     def ready(tree: list[psutil.Process]) -> bool:
-        """A fork server (bwrap) below a worker process: rollouts are running (the bench's own fork server, for its
-        "start alone" figure, is the bench's child)."""
+        """A sandbox below a worker's fork server: rollouts are running. A worker's fork server (bwrap, then the
+        fork server's python) is up from the worker's start (warmed before the wave), and the bench's own, for its
+        "start alone" figure, is the bench's child: a sandbox is a child of the fork server's python."""
         pids = {p.pid: p for p in tree}
         for proc in tree:
             with contextlib.suppress(psutil.Error):
-                parent = pids.get(proc.ppid())
-                if proc.name() == "bwrap" and parent is not None and parent.name() != "bwrap" and parent != tree[0]:
+                fork_server = pids.get(proc.ppid())
+                bwrap = pids.get(fork_server.ppid()) if fork_server is not None else None
+                if bwrap is None or bwrap.name() != "bwrap" or fork_server.name() == "bwrap":
+                    continue
+                outer = bwrap
+                while outer.ppid() in pids and pids[outer.ppid()].name() == "bwrap":
+                    outer = pids[outer.ppid()]
+                if pids.get(outer.ppid()) not in (None, tree[0]):  # below a worker, not the bench itself
                     return True
         return False
 

@@ -42,16 +42,19 @@ def stop_on_signals() -> None:
     """SIGTERM/SIGHUP: the first unwinds the bench (SystemExit 128 + signal), the second ends it at once. Call it
     again after a run call: the run's own handlers (driver/interrupt.py) leave the default behind when they go."""
     received: list[int] = []
+    # The process's own stderr, not sys.stderr: a signal may land while a sweep point captures the run's stderr in a
+    # buffer (ours.py), and the line saying why the bench stopped would go down with it.
+    console = sys.__stderr__ or sys.stderr
 
     def on_signal(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if received:
-            print(f"uni-agent bench: {name} again: ended at once (its processes end with it)", file=sys.stderr,
+            print(f"uni-agent bench: {name} again: ended at once (its processes end with it)", file=console,
                   flush=True)
             os._exit(128 + signum)
         received.append(signum)
         print(f"uni-agent bench: {name}: stopping, with every process it started (again to end at once)",
-              file=sys.stderr, flush=True)
+              file=console, flush=True)
         raise SystemExit(128 + signum)
 
     for signum in STOP_SIGNALS:
