@@ -143,3 +143,23 @@ def test_a_killed_sweep_leaves_no_process(tmp_path):
     assert "bwrap" in tree, tree
     assert not left, f"left running after the bench was killed: {_describe(left)}\nbench output: {log[-2000:]}"
     assert "SIGTERM" in log, log[-2000:]
+
+
+def test_the_stop_line_reaches_the_console_while_stderr_is_captured():
+    """A sweep point holds the run's stderr in a buffer (bench/ours.py); a SIGTERM that lands then must still say on
+    the process's own stderr why the bench stopped (CI lost it once: the kill came before the run call)."""
+    script = (
+        "import contextlib, io, os, signal\n"
+        "from uni_agent.bench.lifetime import stop_on_signals\n"
+        "stop_on_signals()\n"
+        "buffer = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stderr(buffer):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "finally:\n"
+        "    print('captured:', repr(buffer.getvalue()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stdout, done.stderr)
+    assert "uni-agent bench: SIGTERM: stopping" in done.stderr, done.stderr
+    assert "captured: ''" in done.stdout, done.stdout  # nothing of it went into the buffer
