@@ -106,7 +106,10 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, how):
     """`timeout` signals the bench's process group (the dask processes and the driver run in sessions of their own,
     which it does not reach); SIGKILL of the bench alone gives it no chance to clean up at all."""
     out = tmp_path / "out"
-    kill = (lambda pid: os.killpg(pid, signal.SIGTERM)) if how == "timeout" else (lambda pid: os.kill(pid, signal.SIGKILL))
+    if how == "timeout":
+        kill = lambda pid: os.killpg(pid, signal.SIGTERM)  # noqa: E731
+    else:
+        kill = lambda pid: os.kill(pid, signal.SIGKILL)  # noqa: E731
     left, log, tree = _kill_bench_midway([UNI_AGENT, *SIM, "--out", str(out)], tmp_path, _sim_mid_run, kill)
     assert "dask scheduler" in tree and "dask worker" in tree and "run --data-path" in tree, tree  # all were up
     assert not left, f"left running after the bench was killed ({how}): {_describe(left)}\nbench output: {log[-2000:]}"
