@@ -177,3 +177,28 @@ def test_eval_timeout_flag_bounds_every_rows_grading_over_the_rows_own(tmp_path)
     assert [s.agent.reward.eval_timeout for s in given.specs] == [1800, 1800]
     own = load_inputs(rows, None, load_settings(), tmp_path / "w", run_id="t", n=1, purpose="verify")
     assert own.specs[0].agent.reward.eval_timeout == 7 and own.specs[1].agent.reward.eval_timeout != 1800
+
+
+def test_a_settings_file_with_a_key_that_others_can_read_is_refused(settings_env: Path) -> None:
+    """The endpoint's key in a file other users of the node can read (a clone's files are 0644, Debian's homes 0755)
+    would let them use the endpoint as the run: refused, naming the file and the fix, the key itself never shown."""
+    key = "sk-test-DO-NOT-LEAK-0987654321"
+    settings_env.write_text(f"api_key: {key}\nn: 2\n")
+    settings_env.chmod(0o644)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert str(settings_env) in message and "chmod 600" in message and "UNI_AGENT_API_KEY" in message, message
+    assert "0644" in message and key not in message, message
+
+    settings_env.chmod(0o640)  # the group is other users too
+    with pytest.raises(ConfigError):
+        load_settings()
+
+    settings_env.chmod(0o600)
+    settings = load_settings()
+    assert settings.api_key_value() == key and settings.n == 2
+
+    settings_env.write_text("n: 3\n")  # no secret: any mode will do
+    settings_env.chmod(0o644)
+    assert load_settings().n == 3

@@ -208,6 +208,7 @@ class RunSettings(BaseSettings):
         path = settings_file()
         if path is None:
             return init_settings, env_settings
+        refuse_shared_secret(path)
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=path)
 
     def sampling(self) -> dict[str, Any]:
@@ -269,6 +270,27 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
                 f"run settings are {ENV_PREFIX}<key> for the keys `python -m uni_agent.settings_reference` lists")
         lines.append(f"unknown environment variable {name} ({hint})")
     raise ConfigError("\n".join(lines))
+
+
+SECRET_KEYS = ("api_key",)  # settings whose value lets its holder use the endpoint as the run does
+
+
+def refuse_shared_secret(path: Path) -> None:
+    """A settings file that holds a secret must be its owner's alone, as ssh asks of a private key: another user of
+    the node who can read it can call the run's endpoint with its key (Debian's `useradd -m` makes homes that every
+    user can read, and a clone of this repository makes its files 0644)."""
+    mode = path.stat().st_mode
+    if not mode & 0o077:
+        return
+    import yaml
+
+    values: Any = {}
+    with contextlib.suppress(Exception):  # a file that does not parse is the settings source's to report
+        values = yaml.safe_load(path.read_text())
+    secrets = [key for key in SECRET_KEYS if isinstance(values, dict) and values.get(key)]  # `api_key: null`: none
+    if secrets:
+        raise ConfigError(f"{path} holds {', '.join(secrets)} and other users can read it (mode {mode & 0o777:04o}): "
+                          f"chmod 600 {path}, or give it as {env_name(secrets[0])} instead")
 
 
 def env_name(field: str) -> str:
