@@ -84,3 +84,26 @@ def test_only_sandbox_workers_warm_one_and_the_variable_turns_it_off(monkeypatch
     asyncio.run(preload({"SANDBOX": 4}))
     assert calls == [True]
     assert fork_server.FORK_SERVER_IDLE_S > 0  # a warmed fork server no run uses ends like any idle one
+
+
+def test_the_warm_ups_quiet_probe_is_reused_and_the_first_sandbox_says_what_is_missing(monkeypatch, tmp_path):
+    """The warm-up probes for a pids cgroup quietly; the first sandbox's call reuses that probe (not a second one on
+    its path) and says once that there is none."""
+    from structlog.testing import capture_logs
+
+    from uni_agent.sandbox import process_limit
+
+    monkeypatch.setenv("UNI_AGENT_PIDS_CGROUP", str(tmp_path / "no-cgroup-mounted-here"))
+    process_limit.probed_pids_cgroup_parent.cache_clear()
+    process_limit._say_no_pids_cgroup.cache_clear()
+    try:
+        with capture_logs() as logs:
+            assert process_limit.pids_cgroup_parent(quiet=True) is None
+            assert logs == []
+            assert process_limit.pids_cgroup_parent() is None
+            assert process_limit.pids_cgroup_parent() is None
+        assert [entry["event"] for entry in logs] == ["no_pids_cgroup"]
+        assert process_limit.probed_pids_cgroup_parent.cache_info().misses == 1
+    finally:
+        process_limit.probed_pids_cgroup_parent.cache_clear()
+        process_limit._say_no_pids_cgroup.cache_clear()

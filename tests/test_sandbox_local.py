@@ -525,10 +525,10 @@ def only_the_sandbox_itself(pids: list[int]) -> bool:
 
 
 def test_process_cap_falls_back_to_ulimit_without_a_cgroup(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from uni_agent.sandbox.process_limit import pids_cgroup_parent
+    from uni_agent.sandbox.process_limit import probed_pids_cgroup_parent
 
     monkeypatch.setenv("UNI_AGENT_PIDS_CGROUP", "off")
-    pids_cgroup_parent.cache_clear()
+    probed_pids_cgroup_parent.cache_clear()
     try:
         async def body(box: LocalSandbox) -> bytes:
             assert box.process_limit.mode == "ulimit" and box.process_limit.cgroup is None
@@ -536,7 +536,7 @@ def test_process_cap_falls_back_to_ulimit_without_a_cgroup(repo: Path, monkeypat
 
         assert with_sandbox(repo, body, pids_limit=100) == b"100\n"
     finally:
-        pids_cgroup_parent.cache_clear()
+        probed_pids_cgroup_parent.cache_clear()
 
 
 # -- file transfer -------------------------------------------------------------------------------------------------

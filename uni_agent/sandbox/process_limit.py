@@ -30,12 +30,21 @@ def _is_cgroup2(mount: Path) -> bool:
     return (mount / "cgroup.subtree_control").exists()
 
 
-@functools.cache
 def pids_cgroup_parent(quiet: bool = False) -> Path | None:
-    """The cgroup under which sandboxes get theirs, or None where none can be made (said in the log unless `quiet`:
-    the fork server's warm-up at a worker's start, before a run's logs exist).
+    """The cgroup under which sandboxes get theirs, or None where none can be made (said once in the log unless
+    `quiet`: the fork server's warm-up at a worker's start, before a run's logs exist; its probe is the one the
+    first sandbox then reuses).
 
     UNI_AGENT_PIDS_CGROUP=off turns cgroups off (ulimit fallback); any other value names the mount to use."""
+    parent = probed_pids_cgroup_parent()
+    if parent is None and not quiet and os.environ.get("UNI_AGENT_PIDS_CGROUP", "") != "off":
+        _say_no_pids_cgroup()
+    return parent
+
+
+@functools.cache
+def probed_pids_cgroup_parent() -> Path | None:
+    """pids_cgroup_parent's probe, once per process (`cache_clear()` to probe again)."""
     setting = os.environ.get("UNI_AGENT_PIDS_CGROUP", "")
     if setting == "off":
         return None
@@ -57,11 +66,15 @@ def pids_cgroup_parent(quiet: bool = False) -> Path | None:
             continue
         if usable:
             return parent
-    if not quiet and os.geteuid() == 0:
-        log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
-    elif not quiet:  # the usual case for an ordinary user, and `ulimit -u` binds one
-        log.info("no_pids_cgroup", detail="local sandboxes cap their processes with `ulimit -u`")
     return None
+
+
+@functools.cache
+def _say_no_pids_cgroup() -> None:
+    if os.geteuid() == 0:
+        log.warning("no_pids_cgroup", detail="local sandboxes fall back to `ulimit -u`, which does not bind root")
+    else:  # the usual case for an ordinary user, and `ulimit -u` binds one
+        log.info("no_pids_cgroup", detail="local sandboxes cap their processes with `ulimit -u`")
 
 
 class ProcessLimit:

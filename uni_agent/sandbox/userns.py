@@ -53,25 +53,33 @@ class UserNamespace:
 
 def user_namespace(quiet: bool = False) -> UserNamespace | None:
     """The namespace rootless sandboxes run in; None for real root (none needed) and where the kernel refuses one.
-    What is missing is said in the log unless `quiet` (the fork server's warm-up, before a run's logs exist)."""
-    return None if os.geteuid() == 0 else _probed(quiet)
+    What is missing is said once in the log unless `quiet` (the fork server's warm-up, before a run's logs exist;
+    its probe is the one the first sandbox then reuses)."""
+    if os.geteuid() == 0:
+        return None
+    namespace, missing = _probed()
+    if missing is not None and not quiet:
+        _say(*missing)
+    return namespace
 
 
 @functools.cache
-def _probed(quiet: bool = False) -> UserNamespace | None:
+def _probed() -> tuple[UserNamespace | None, tuple[str, str] | None]:
+    """The namespace, and what is missing (the log event and its detail) or None; once per process."""
     if shutil.which("unshare") is None:
-        return None
+        return None, None
     uid_map = _run(["unshare", "--user", "--map-root-user", "--map-auto", "--", "cat", "/proc/self/uid_map"])
     if uid_map is not None and _mapped_from_zero(uid_map) > 1:
-        return UserNamespace(subordinate=True, ids=_mapped_from_zero(uid_map))
+        return UserNamespace(subordinate=True, ids=_mapped_from_zero(uid_map)), None
     if _run(["unshare", "--user", "--map-root-user", "--", "true"]) is not None:
-        if not quiet:
-            log.warning("no_subordinate_ids", detail=NO_SUBORDINATE_IDS)
-        return UserNamespace(subordinate=False, ids=1)
-    if not quiet:
-        log.warning("no_user_namespace", detail="unprivileged user namespaces are refused here: local sandboxes "
-                    "copy their trees instead of an overlay, and image sandboxes see your uid")
-    return None
+        return UserNamespace(subordinate=False, ids=1), ("no_subordinate_ids", NO_SUBORDINATE_IDS)
+    return None, ("no_user_namespace", "unprivileged user namespaces are refused here: local sandboxes copy their "
+                  "trees instead of an overlay, and image sandboxes see your uid")
+
+
+@functools.cache
+def _say(event: str, detail: str) -> None:
+    log.warning(event, detail=detail)
 
 
 NO_SUBORDINATE_IDS = ("no subordinate ids for this user (an /etc/subuid and /etc/subgid entry, and newuidmap/"
