@@ -282,11 +282,7 @@ def refuse_shared_secret(path: Path) -> None:
     mode = path.stat().st_mode
     if not mode & 0o077:
         return
-    import yaml
-
-    values: Any = {}
-    with contextlib.suppress(Exception):  # a file that does not parse is the settings source's to report
-        values = yaml.safe_load(path.read_text())
+    values = _file_values(path)
     secrets = [key for key in SECRET_KEYS if isinstance(values, dict) and values.get(key)]  # `api_key: null`: none
     if secrets:
         raise ConfigError(f"{path} holds {', '.join(secrets)} and other users can read it (mode {mode & 0o777:04o}): "
@@ -310,11 +306,18 @@ def _origin(field: str, given: Mapping[str, str]) -> str:
 
 
 def _file_keys(path: Path) -> set[str]:
+    with contextlib.suppress(Exception):  # only for naming a key in an error message
+        return set(_file_values(path) or {})
+    return set()
+
+
+def _file_values(path: Path) -> Any:
+    """The settings file as YAML reads it; None where it does not parse (the settings source reports that)."""
     import yaml
 
-    with contextlib.suppress(Exception):  # only for naming a key in an error message
-        return set(yaml.safe_load(path.read_text()) or {})
-    return set()
+    with contextlib.suppress(Exception):
+        return yaml.safe_load(path.read_text())
+    return None
 
 
 def _explain(error: Mapping[str, Any], given: Mapping[str, str]) -> str:
