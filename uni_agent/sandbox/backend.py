@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .base import ClosingContext, ExecResult, SandboxError, SandboxStartError
+from .command_gate import CommandGate
 from .repo import GIT_IDENTITY
 from .session import Session
 from .supervisor_launch import STATE_DIR_IN_SANDBOX
@@ -107,6 +108,7 @@ class SessionSandbox(ClosingContext):
 
     state_dir = STATE_DIR_IN_SANDBOX
     extra_env: dict[str, str] = {}  # what a backend adds to every sandbox's first shell state
+    command_gate: CommandGate | None = None  # set by a backend whose commands run on this machine's CPUs
 
     def __init__(self, config, env_variables: dict[str, str] | None, name: str):  # noqa: ANN001 - a backend config
         self.config = config
@@ -175,4 +177,7 @@ class SessionSandbox(ClosingContext):
         session = self.session
         if session is None:
             raise SandboxError(f"sandbox {self.name} is not running")
-        return await session.run(command, min(timeout, self.config.runtime_timeout), stdin, merge_stderr)
+        timeout = min(timeout, self.config.runtime_timeout)
+        if self.command_gate is None:
+            return await session.run(command, timeout, stdin, merge_stderr)
+        return await self.command_gate.run(lambda: session.run(command, timeout, stdin, merge_stderr))

@@ -37,6 +37,7 @@ from pydantic import Field
 from .backend import SessionSandbox, Transport, pipe_transport, process_transport
 from .base import DeploymentBase, ExecResult, SandboxError, SandboxStartError
 from .bwrap import Mounts, bwrap_argv, host_env
+from .command_gate import DEFAULT_HOLD_S, DEFAULT_SLOTS, command_gate
 from .fork_server import (ForkServer, ForkServerClosed, ForkServerKey, fork_server_failure, fork_server_for,
                           fork_server_stderr, running_fork_server)
 from .image_store import ImageLease, ImageRootfs, ImageStore
@@ -98,6 +99,12 @@ class LocalDeploymentConfig(DeploymentBase):
     last): a polite setting for a node shared with others. Not a speed-up: at 10 the rollouts ran no faster, and on
     16 cores slower, their sandbox starts and commands waiting longer (docs/benchmarks.md, "Sandbox sessions and CPU
     priority")."""
+    command_slots: int = Field(default=DEFAULT_SLOTS, ge=0)
+    """Commands of one worker process that may begin at once, first come first served (0: no limit). A turn's
+    burst of commands then runs in order instead of sharing the cores until nearly all end together
+    (uni_agent/sandbox/command_gate.py)."""
+    command_hold_s: float = Field(default=DEFAULT_HOLD_S, gt=0)
+    """How long a running command keeps its slot at most: a longer one lets the next begin and runs on."""
     launcher: Literal["auto", "fork_server", "bwrap"] = "auto"
     """How a sandbox is started. fork_server: forked by the worker's fork server, a process that pays for bwrap and
     the interpreter once (one per worker process; ~3 ms of CPU a start); bwrap: a bwrap, a mount and a Python
@@ -123,6 +130,7 @@ class LocalSandbox(SessionSandbox):
         self._fork_server: ForkServer | None = None  # the fork server that forked this sandbox, if one did
         self._fork_server_transport: Transport | None = None
         self.process_limit = ProcessLimit(self.name, config.pids_limit)
+        self.command_gate = command_gate(config.command_slots, config.command_hold_s)
 
     extra_env = {"GIT_CONFIG_GLOBAL": "/dev/null"}
 
